@@ -1,0 +1,36 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+INSTALLED := $(VENV)/.installed
+
+.PHONY: setup model demo serve test lint
+
+setup: $(INSTALLED) model
+
+# torch goes in first and pinned: an unpinned torch pulls gigabytes of CUDA wheels on a CPU machine.
+# A GPU machine may install its CUDA build of torch $(TORCH_VERSION) into .venv beforehand; it is kept.
+$(INSTALLED): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
+		|| $(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(INSTALLED)
+
+model: $(INSTALLED)
+	$(PY) -m scripts.build_tiny_model --out models/tiny
+
+demo: setup
+	$(PY) -m scripts.demo
+
+serve: setup
+	exec $(PY) -m scripts.serve
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .

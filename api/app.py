@@ -1,0 +1,37 @@
+"""The Flask app factory: `create_app(config=None)`, as in Flask's tutorial."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from flask import Flask
+
+from api.blueprints import chat, completions, health, models, requests
+from api.errors import register_error_handlers
+from api.prompts import load_model_info
+from api.services import Services, close_db_session
+from tasks.celery_app import create_celery
+from tasks.config import Config
+from tasks.db import make_db_engine, make_session_factory
+from tasks.streams import connect_redis
+
+
+def create_app(config: Config | None = None) -> Flask:
+    config = config or Config.from_env()
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = Flask(__name__)
+    app.json.sort_keys = False
+    app.extensions["steerbatch"] = Services(
+        config=config,
+        redis=connect_redis(config, block_s=max(config.sse_heartbeat_s, 1.0)),
+        sessions=make_session_factory(make_db_engine(config.database_url)),
+        celery=create_celery(config),
+        model_info=load_model_info(config),
+        started_at=int(time.time()),
+    )
+    for blueprint in (chat.bp, completions.bp, models.bp, requests.bp, health.bp):
+        app.register_blueprint(blueprint)
+    app.teardown_appcontext(close_db_session)
+    register_error_handlers(app)
+    return app

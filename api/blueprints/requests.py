@@ -1,0 +1,51 @@
+"""GET /v1/requests/{id}, its events (replay and follow), and cancel."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify
+
+from api.errors import APIError
+from api.responses import StreamMeta, request_object
+from api.services import db_session, services
+from api.sse import last_event_id, relay_frames, sse_frame, sse_response
+from tasks.models import RequestRecord
+from tasks.store import get_request
+from tasks.streams import RedisKeys, request_cancel
+
+bp = Blueprint("requests", __name__)
+
+
+def _find(request_id: str) -> RequestRecord:
+    record = get_request(db_session(), request_id)
+    if record is None:
+        raise APIError(404, f"No request with id `{request_id}`.", param="request_id", code="not_found")
+    return record
+
+
+@bp.get("/v1/requests/<request_id>")
+def retrieve_request(request_id: str) -> Response:
+    return jsonify(request_object(_find(request_id)))
+
+
+@bp.get("/v1/requests/<request_id>/events")
+def request_events(request_id: str) -> Response:
+    """Replays the stream after Last-Event-ID and follows it; leaving never cancels (only the caller may)."""
+    record = _find(request_id)
+    after_id = last_event_id()
+    svc = services()
+    key = RedisKeys(svc.config.redis_prefix).request_stream(request_id)
+    if record.is_finished:
+        if not svc.redis.exists(key):
+            raise APIError(410, "The event stream has expired; GET the request for its result.", code="stream_expired")
+        if not svc.redis.xrange(key, min=f"({after_id}", count=1):
+            return sse_response(iter([sse_frame("[DONE]", after_id)]))  # resumed after the final event
+    return sse_response(relay_frames(svc.redis, key, StreamMeta.of(record), after_id, svc.config.sse_heartbeat_s))
+
+
+@bp.post("/v1/requests/<request_id>/cancel")
+def cancel_request(request_id: str) -> Response:
+    record = _find(request_id)
+    svc = services()
+    if not record.is_finished:
+        request_cancel(svc.redis, svc.config, request_id)
+    return jsonify(request_object(record))

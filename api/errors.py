@@ -1,0 +1,78 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}; never a traceback to a client."""
+
+from __future__ import annotations
+
+import logging
+
+import kombu.exceptions
+import redis.exceptions
+import sqlalchemy.exc
+from flask import Flask, Response, jsonify
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
+from tasks.messages import ErrorInfo
+
+logger = logging.getLogger(__name__)
+
+UNAVAILABLE_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    kombu.exceptions.OperationalError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+)
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.info = ErrorInfo(message=message, type=type, param=param, code=code)
+
+
+def error_response(status: int, info: ErrorInfo) -> tuple[Response, int]:
+    return jsonify({"error": info.to_dict()}), status
+
+
+def validation_error_info(exc: ValidationError) -> ErrorInfo:
+    first = exc.errors()[0]
+    param = ".".join(str(part) for part in first["loc"]) or None
+    if first["type"] == "extra_forbidden":
+        return ErrorInfo(f"Unrecognized request argument supplied: {param}", "invalid_request_error", param)
+    message = first["msg"].removeprefix("Value error, ")
+    return ErrorInfo(f"{param}: {message}" if param else message, "invalid_request_error", param, first["type"])
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(APIError, lambda exc: error_response(exc.status, exc.info))
+    app.register_error_handler(ValidationError, lambda exc: error_response(400, validation_error_info(exc)))
+    app.register_error_handler(HTTPException, _http_error)
+    for error_class in UNAVAILABLE_ERRORS:
+        app.register_error_handler(error_class, _unavailable)
+    app.register_error_handler(Exception, _unexpected)
+
+
+def _http_error(exc: HTTPException) -> tuple[Response, int]:
+    status = exc.code or 500
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    return error_response(status, ErrorInfo(exc.description or exc.name, error_type, None, exc.name.lower()))
+
+
+def _unavailable(exc: Exception) -> tuple[Response, int]:
+    logger.warning("backing service unavailable: %s", exc)
+    message = "A backing service (Redis or the database) is unavailable; retry shortly."
+    return error_response(503, ErrorInfo(message, "service_unavailable", None, "service_unavailable"))
+
+
+def _unexpected(exc: Exception) -> tuple[Response, int]:
+    logger.exception("unhandled error")
+    return error_response(500, ErrorInfo("The server had an error processing your request.", "server_error"))

@@ -1,0 +1,119 @@
+"""The path chat and completions share: record, enqueue, then stream or wait for the result."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from flask import Response, jsonify, request
+
+from api.errors import APIError
+from api.prompts import resolve_max_tokens
+from api.responses import StreamMeta, completion_object
+from api.schemas import GenerationFields
+from api.services import db_session, services
+from api.sse import relay_frames, sse_response
+from tasks.celery_app import enqueue_generate
+from tasks.messages import Endpoint, ErrorInfo, GenerateRequest, SamplingParams
+from tasks.models import RequestRecord, RequestStatus
+from tasks.store import create_request, get_request, record_result
+from tasks.streams import STREAM_START, RedisKeys, request_cancel, wait_for_final
+
+logger = logging.getLogger(__name__)
+ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-"}
+
+
+def check_model_name(name: str) -> None:
+    served = services().model_info.name
+    if name != served:
+        raise APIError(
+            400,
+            f"The model `{name}` does not exist. This server serves `{served}`.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict) -> Response:
+    info = services().model_info
+    sampling = SamplingParams(
+        max_tokens=resolve_max_tokens(info, len(prompt_ids), fields.requested_max_tokens),
+        temperature=fields.temperature,
+        top_p=fields.top_p,
+        seed=fields.seed,
+        stop=fields.stop_strings,
+    )
+    generate_request = GenerateRequest(
+        request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
+        endpoint=endpoint,
+        model=info.name,
+        prompt_token_ids=prompt_ids,
+        sampling=sampling,
+        created=int(time.time()),
+    )
+    record = _record_and_enqueue(generate_request, body)
+    return _stream(record) if fields.stream else _wait(record)
+
+
+def _record_and_enqueue(generate_request: GenerateRequest, body: dict) -> RequestRecord:
+    svc = services()
+    svc.redis.ping()  # Redis down: 503 before anything is written
+    record = RequestRecord(
+        id=generate_request.request_id,
+        endpoint=generate_request.endpoint.value,
+        model=generate_request.model,
+        status=RequestStatus.QUEUED.value,
+        body=body,
+        prompt_tokens=len(generate_request.prompt_token_ids),
+        created=generate_request.created,
+    )
+    session = db_session()
+    create_request(session, record)
+    try:
+        enqueue_generate(svc.celery, svc.config, generate_request)
+    except Exception:
+        error = ErrorInfo("The request could not be queued.", "service_unavailable")
+        record_result(
+            session, generate_request.request_id, text="", completion_tokens=0, finish_reason=None, error=error
+        )
+        raise
+    return record
+
+
+def _stream(record: RequestRecord) -> Response:
+    svc = services()
+    key = RedisKeys(svc.config.redis_prefix).request_stream(record.id)
+    frames = relay_frames(svc.redis, key, StreamMeta.of(record), STREAM_START, svc.config.sse_heartbeat_s)
+
+    def cancel() -> None:
+        logger.info("client left %s before the end; cancelling", record.id)
+        request_cancel(svc.redis, svc.config, record.id)
+
+    return sse_response(frames, on_abandon=cancel)
+
+
+def _wait(record: RequestRecord) -> Response:
+    svc = services()
+    key = RedisKeys(svc.config.redis_prefix).request_stream(record.id)
+    if wait_for_final(svc.redis, key, svc.config.request_timeout_s) is None:
+        request_cancel(svc.redis, svc.config, record.id)
+        raise APIError(504, "The request timed out; it was cancelled.", type="timeout", code="timeout")
+    session = db_session()
+    session.expire_all()
+    finished = get_request(session, record.id)
+    if finished is None or finished.result is None:
+        raise APIError(500, "The result was not recorded.", type="server_error")
+    if finished.result.error is not None:
+        error = finished.result.error
+        return jsonify({"error": error}), 503 if error.get("type") == "service_unavailable" else 500
+    return jsonify(completion_object(finished))
+
+
+def json_body() -> dict:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise APIError(
+            400, "We could not parse the JSON body of your request: send a JSON object.", code="invalid_json"
+        )
+    return body

@@ -1,0 +1,73 @@
+"""Tokenizer files and prompt building: chat templates and token counts, without loading the model."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerFast
+
+from api.errors import APIError
+from api.schemas import ChatMessage
+from tasks.config import Config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+    tokenizer: PreTrainedTokenizerFast
+
+
+def load_model_info(config: Config) -> ModelInfo:
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(config.model)
+    max_model_len = config.max_model_len or _read_model_config(config.model)["max_position_embeddings"]
+    logger.info("tokenizer of %s loaded; max_model_len=%d", config.model, max_model_len)
+    return ModelInfo(name=config.model_name, max_model_len=int(max_model_len), tokenizer=tokenizer)
+
+
+def _read_model_config(model: str) -> dict:
+    if Path(model).is_dir():
+        return json.loads((Path(model) / "config.json").read_text())
+    from huggingface_hub import hf_hub_download
+
+    return json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerFast, messages: list[ChatMessage]) -> list[int]:
+    if not tokenizer.chat_template:
+        raise APIError(400, "This model has no chat template; use /v1/completions.", param="messages")
+    conversation = [{"role": m.role, "content": m.text} for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # the template's own raise_exception() tells the user what it expects
+        raise APIError(400, f"The chat template rejected the messages: {exc}", param="messages") from exc
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def completion_prompt_ids(tokenizer: PreTrainedTokenizerFast, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    vocab_size = len(tokenizer)
+    if any(not 0 <= token < vocab_size for token in prompt):
+        raise APIError(400, f"prompt token ids must lie in [0, {vocab_size})", param="prompt")
+    return list(prompt)
+
+
+def resolve_max_tokens(info: ModelInfo, num_prompt_tokens: int, requested: int | None) -> int:
+    """The completion budget; like vLLM, the rest of the context when the client names none."""
+    available = info.max_model_len - num_prompt_tokens
+    if available < 1 or (requested is not None and requested > available):
+        asked = requested or 1
+        raise APIError(
+            400,
+            f"This model's maximum context length is {info.max_model_len} tokens. However, you requested "
+            f"{num_prompt_tokens + asked} tokens ({num_prompt_tokens} in the prompt, {asked} for the completion).",
+            param="messages" if requested is None else "max_tokens",
+            code="context_length_exceeded",
+        )
+    return requested or available

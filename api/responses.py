@@ -1,0 +1,95 @@
+"""OpenAI response objects and stream chunks, built from SQL records and stream events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.messages import Endpoint, EventType, StreamEvent, Usage
+from tasks.models import RequestRecord
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    """What every chunk of one request's stream repeats."""
+
+    request_id: str
+    endpoint: Endpoint
+    model: str
+    created: int
+    include_usage: bool
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> StreamMeta:
+        options = record.body.get("stream_options") or {}
+        return cls(
+            record.id, Endpoint(record.endpoint), record.model, record.created, bool(options.get("include_usage"))
+        )
+
+
+def completion_object(record: RequestRecord) -> dict[str, Any]:
+    """The non-streamed response of a finished request."""
+    result = record.result
+    assert result is not None, "completion_object needs a finished request"
+    usage = Usage(record.prompt_tokens, result.completion_tokens).to_dict()
+    if record.endpoint == Endpoint.CHAT.value:
+        message = {"role": "assistant", "content": result.text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}
+        object_name = "chat.completion"
+    else:
+        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+        object_name = "text_completion"
+    return {
+        "id": record.id,
+        "object": object_name,
+        "created": record.created,
+        "model": record.model,
+        "choices": [choice],
+        "usage": usage,
+        "system_fingerprint": None,
+    }
+
+
+def request_object(record: RequestRecord) -> dict[str, Any]:
+    """GET /v1/requests/{id}: status, and the response or error once there is one."""
+    result = record.result
+    return {
+        "id": record.id,
+        "object": "request",
+        "endpoint": record.endpoint,
+        "model": record.model,
+        "status": record.status,
+        "created": record.created,
+        "response": completion_object(record) if result is not None and result.error is None else None,
+        "error": result.error if result is not None else None,
+    }
+
+
+def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
+    """The SSE payloads one stream event becomes (none, one, or the finish and usage chunks)."""
+    if event.error is not None:
+        return [{"error": event.error.to_dict()}]
+    if event.type == EventType.START:
+        return [_chunk(meta, {"role": "assistant", "content": ""}, None)] if meta.endpoint == Endpoint.CHAT else []
+    if event.type == EventType.DELTA:
+        return [_chunk(meta, {"content": event.text}, None, text=event.text)] if event.text else []
+    chunks = [_chunk(meta, {}, event.finish_reason.value if event.finish_reason else None)]
+    if meta.include_usage and event.usage is not None:
+        chunks.append({**_envelope(meta), "choices": [], "usage": event.usage.to_dict()})
+    return chunks
+
+
+def _chunk(meta: StreamMeta, delta: dict[str, Any], finish_reason: str | None, text: str = "") -> dict[str, Any]:
+    if meta.endpoint == Endpoint.CHAT:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    chunk = {**_envelope(meta), "choices": [choice]}
+    if meta.include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def _envelope(meta: StreamMeta) -> dict[str, Any]:
+    object_name = "chat.completion.chunk" if meta.endpoint == Endpoint.CHAT else "text_completion"
+    return {"id": meta.request_id, "object": object_name, "created": meta.created, "model": meta.model}

@@ -1,0 +1,40 @@
+"""What a request handler needs, built once per app: config, Redis, SQL sessions, Celery, the tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from flask import current_app, g
+from sqlalchemy.orm import Session
+
+from api.prompts import ModelInfo
+from tasks.config import Config
+from tasks.db import SessionFactory
+
+
+@dataclass(frozen=True)
+class Services:
+    config: Config
+    redis: redis.Redis
+    sessions: SessionFactory
+    celery: Celery
+    model_info: ModelInfo
+    started_at: int
+
+
+def services() -> Services:
+    return current_app.extensions["steerbatch"]
+
+
+def db_session() -> Session:
+    if "db" not in g:
+        g.db = services().sessions()
+    return g.db
+
+
+def close_db_session(_exc: BaseException | None = None) -> None:
+    session = g.pop("db", None)
+    if session is not None:
+        session.close()

@@ -1,0 +1,69 @@
+"""Relay a request's Redis stream as Server-Sent Events, resumable by stream entry id."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator
+
+import redis
+from flask import Response, request, stream_with_context
+
+from api.errors import APIError
+from api.responses import StreamMeta, stream_chunks
+from tasks.messages import ErrorInfo, EventType
+from tasks.streams import STREAM_START, read_events
+
+logger = logging.getLogger(__name__)
+ENTRY_ID = re.compile(r"^\d+-\d+$")
+
+
+def last_event_id() -> str:
+    """Where a reconnecting client left off: the Last-Event-ID header, or ?last_event_id= for curl."""
+    value = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or STREAM_START
+    if not ENTRY_ID.match(value):
+        raise APIError(400, "Last-Event-ID must be a stream entry id like 1700000000000-0", param="Last-Event-ID")
+    return value
+
+
+def sse_frame(data: str, event_id: str | None = None) -> str:
+    prefix = f"id: {event_id}\n" if event_id else ""
+    return f"{prefix}data: {data}\n\n"
+
+
+def relay_frames(client: redis.Redis, key: str, meta: StreamMeta, after_id: str, heartbeat_s: float) -> Iterator[str]:
+    """Frames until the final event, then [DONE]; a comment line whenever heartbeat_s passes quietly."""
+    try:
+        for item in read_events(client, key, after_id, int(heartbeat_s * 1000)):
+            if item is None:
+                yield ": keep-alive\n\n"
+                continue
+            entry_id, event = item
+            for chunk in stream_chunks(meta, event):
+                yield sse_frame(json.dumps(chunk), entry_id)
+            if event.type == EventType.FINAL:
+                yield sse_frame("[DONE]", entry_id)
+                return
+    except redis.exceptions.RedisError as exc:
+        logger.warning("stream %s broke off: %s", key, exc)
+        error = ErrorInfo("The event stream was interrupted; reconnect with Last-Event-ID.", "service_unavailable")
+        yield sse_frame(json.dumps({"error": error.to_dict()}))
+
+
+def sse_response(frames: Iterator[str], on_abandon: Callable[[], None] | None = None) -> Response:
+    """`on_abandon` runs when the client leaves before the frames run out."""
+
+    def guarded() -> Iterator[str]:
+        is_complete = False
+        try:
+            yield from frames
+            is_complete = True
+        finally:
+            if not is_complete and on_abandon is not None:
+                on_abandon()
+
+    response = Response(stream_with_context(guarded()), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"
+    return response

@@ -1,0 +1,38 @@
+"""Alembic environment: the metadata of tasks.models, the URL from the caller or the Config."""
+
+from __future__ import annotations
+
+from logging.config import fileConfig
+
+from alembic import context
+
+from tasks.config import Config
+from tasks.db import make_db_engine
+from tasks.models import Base
+
+alembic_config = context.config
+if alembic_config.config_file_name and not alembic_config.attributes.get("skip_logging"):
+    fileConfig(alembic_config.config_file_name, disable_existing_loggers=False)
+
+database_url = alembic_config.get_main_option("sqlalchemy.url") or Config.from_env().database_url
+
+
+def run_offline() -> None:
+    context.configure(url=database_url, target_metadata=Base.metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    engine = make_db_engine(database_url)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

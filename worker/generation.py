@@ -1,0 +1,135 @@
+"""One generate task in a Celery thread: claim it, run it on the engine, stream events, record the result."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from dataclasses import dataclass
+
+import redis
+from transformers import PreTrainedTokenizerFast
+
+from tasks.config import Config
+from tasks.db import SessionFactory
+from tasks.messages import ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, Usage
+from tasks.models import TERMINAL_STATUSES, RequestStatus
+from tasks.store import claim_request, record_result
+from tasks.streams import RedisKeys, append_event, is_cancel_requested
+from worker.engine import Engine, EngineOutput, EngineRequest
+from worker.text_stream import TextStream
+
+logger = logging.getLogger(__name__)
+CANCEL_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Outcome:
+    text: str
+    completion_tokens: int
+    finish_reason: FinishReason | None
+    error: ErrorInfo | None = None
+
+
+class GenerationHandler:
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerFast,
+        client: redis.Redis,
+        sessions: SessionFactory,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.redis = client
+        self.sessions = sessions
+
+    def handle(self, request: GenerateRequest) -> None:
+        if not self._claim(request.request_id):
+            return
+        if is_cancel_requested(self.redis, self.config, request.request_id):
+            outcome = Outcome("", 0, FinishReason.ABORT)
+        else:
+            self._emit(request.request_id, StreamEvent(EventType.START))
+            outcome = self._run(request)
+        self._finish(request, outcome)
+
+    def _claim(self, request_id: str) -> bool:
+        """False when there is nothing to run: unknown, already finished, or redelivered mid-generation."""
+        with self.sessions() as session:
+            previous = claim_request(session, request_id)
+        if previous is None:
+            logger.warning("request %s is not in the database; dropping it", request_id)
+            return False
+        if previous in TERMINAL_STATUSES:
+            logger.info("request %s already finished; skipping the redelivery", request_id)
+            return False
+        if previous == RequestStatus.RUNNING and self._has_streamed(request_id):
+            # A worker died after streaming part of it: rerunning would repeat text the client has seen.
+            error = ErrorInfo("The worker running this request stopped mid-generation.", "server_error")
+            self._record_and_close(request_id, Outcome("", 0, None, error), prompt_tokens=0)
+            return False
+        return True
+
+    def _has_streamed(self, request_id: str) -> bool:
+        return bool(self.redis.exists(RedisKeys(self.config.redis_prefix).request_stream(request_id)))
+
+    def _run(self, request: GenerateRequest) -> Outcome:
+        outputs: queue.Queue[EngineOutput] = queue.Queue()
+        engine_request = EngineRequest(request.request_id, request.prompt_token_ids, request.sampling)
+        self.engine.submit(engine_request, outputs.put)
+        text_stream = TextStream(self.tokenizer, request.sampling.stop)
+        num_tokens = 0
+        next_cancel_check = 0.0
+        while True:
+            if time.monotonic() >= next_cancel_check:
+                next_cancel_check = time.monotonic() + CANCEL_POLL_S
+                if is_cancel_requested(self.redis, self.config, request.request_id):
+                    self.engine.cancel(request.request_id)
+            try:
+                output = outputs.get(timeout=CANCEL_POLL_S)
+            except queue.Empty:
+                continue
+            if output.error is not None:
+                return Outcome(text_stream.text, num_tokens, None, ErrorInfo(output.error, "server_error"))
+            num_tokens += len(output.new_token_ids)
+            self._emit_text(request.request_id, text_stream.push(output.new_token_ids), output.new_token_ids)
+            if text_stream.is_stopped:
+                self.engine.cancel(request.request_id)
+                return Outcome(text_stream.text, num_tokens, FinishReason.STOP)
+            if output.finish_reason is not None:
+                self._emit_text(request.request_id, text_stream.flush(), [])
+                return Outcome(text_stream.text, num_tokens, output.finish_reason)
+
+    def _emit_text(self, request_id: str, text: str, token_ids: list[int]) -> None:
+        if text or token_ids:
+            self._emit(request_id, StreamEvent(EventType.DELTA, text=text, token_ids=token_ids))
+
+    def _emit(self, request_id: str, event: StreamEvent) -> None:
+        append_event(self.redis, self.config, request_id, event)
+
+    def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
+        self._record_and_close(request.request_id, outcome, prompt_tokens=len(request.prompt_token_ids))
+        logger.info(
+            "request %s finished: %s, %d tokens",
+            request.request_id,
+            outcome.finish_reason.value if outcome.finish_reason else "error",
+            outcome.completion_tokens,
+        )
+
+    def _record_and_close(self, request_id: str, outcome: Outcome, prompt_tokens: int) -> None:
+        # SQL first: whoever sees the final event can read the result.
+        with self.sessions() as session:
+            record_result(
+                session,
+                request_id,
+                text=outcome.text,
+                completion_tokens=outcome.completion_tokens,
+                finish_reason=outcome.finish_reason,
+                error=outcome.error,
+            )
+        usage = Usage(prompt_tokens, outcome.completion_tokens)
+        final = StreamEvent(EventType.FINAL, finish_reason=outcome.finish_reason, usage=usage, error=outcome.error)
+        self._emit(request_id, final)

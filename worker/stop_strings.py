@@ -1,0 +1,47 @@
+"""Finds stop strings in streamed text, holding back any tail that could still become one."""
+
+from __future__ import annotations
+
+
+class StopStringMatcher:
+    """One per request. The emitted text ends just before the first stop string, which is itself never emitted."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        if any(not stop for stop in stops):
+            raise ValueError("stop strings must not be empty")
+        self._stops = stops
+        self._held = ""
+        self.is_stopped = False
+
+    def feed(self, new_text: str) -> tuple[str, bool]:
+        """Returns (text safe to emit now, whether a stop string has been reached)."""
+        if self.is_stopped:
+            return "", True
+        text = self._held + new_text
+        stop_at = self._find_first_stop(text)
+        if stop_at is not None:
+            self._held = ""
+            self.is_stopped = True
+            return text[:stop_at], True
+        num_held = self._longest_partial_stop(text)
+        self._held = text[len(text) - num_held :]
+        return text[: len(text) - num_held], False
+
+    def flush(self) -> str:
+        """Returns the held-back text when generation ended without completing a stop string."""
+        held, self._held = self._held, ""
+        return held
+
+    def _find_first_stop(self, text: str) -> int | None:
+        starts = [index for index in (text.find(stop) for stop in self._stops) if index >= 0]
+        return min(starts, default=None)
+
+    def _longest_partial_stop(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        longest = 0
+        for stop in self._stops:
+            for length in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:length]):
+                    longest = length
+                    break
+        return longest
