@@ -216,7 +216,9 @@ class BatchEngine:
         ones = torch.ones_like(batch.attention_mask[:, :1])
         batch.attention_mask = torch.cat([batch.attention_mask, ones], dim=-1)  # [B, L + 1]
         batch.positions = batch.positions + 1
-        logits = self._runner.forward(batch.tokens[:, None], batch.attention_mask, batch.positions[:, None], batch.cache)
+        logits = self._runner.forward(
+            batch.tokens[:, None], batch.attention_mask, batch.positions[:, None], batch.cache
+        )
         self._record_step(len(batch.rows), is_prefill=False)
         self._advance(batch, logits)
 
@@ -224,7 +226,7 @@ class BatchEngine:
         """Samples a token per row, emits it, and drops the rows that finished."""
         rows = batch.rows
         tokens = sample_next_tokens(logits, [row.request.sampling for row in rows], [row.generator for row in rows])
-        for row, token in zip(rows, tokens.tolist()):
+        for row, token in zip(rows, tokens.tolist(), strict=True):
             self._emit_token(row, token)
         batch.tokens = tokens
         running = [i for i, row in enumerate(rows) if not row.is_finished]
