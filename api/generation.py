@@ -43,6 +43,7 @@ def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int]
         top_p=fields.top_p,
         seed=fields.seed,
         stop=fields.stop_strings,
+        ignore_eos=fields.ignore_eos,
     )
     generate_request = GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,

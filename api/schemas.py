@@ -51,6 +51,7 @@ class GenerationFields(StrictModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     user: str | None = None
+    ignore_eos: bool = False  # vLLM's extra parameter
 
     @field_validator("n", "presence_penalty", "frequency_penalty")
     @classmethod

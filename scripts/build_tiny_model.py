@@ -1,6 +1,7 @@
 """Build a tiny Llama-architecture chat model, from nothing, for tests and local runs.
 
-    .venv/bin/python scripts/build_tiny_model.py --out models/tiny [--train-seconds 60] [--force]
+    .venv/bin/python -m scripts.build_tiny_model --out models/tiny [--train-seconds 60] [--force]
+    .venv/bin/python scripts/build_tiny_model.py --out models/tiny     (the same)
 
 Generates a corpus (tiny_corpus.py), trains a byte-level BPE tokenizer with Llama-3 special tokens
 and chat template, then a 4-layer Llama with GQA for a time budget on CPU. The output folder loads
@@ -11,17 +12,25 @@ makes a repeated run a no-op; torch and transformers are imported only when a bu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import hashlib
+import importlib.metadata
 import json
 import logging
 import shutil
+import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import tiny_corpus
+try:
+    from scripts import tiny_corpus
+except ImportError:  # run as a file (python scripts/build_tiny_model.py): scripts/ itself is on sys.path
+    import tiny_corpus
 
 log = logging.getLogger("build_tiny_model")
 
@@ -65,11 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def compute_build_hash(args: argparse.Namespace) -> str:
-    """What the output depends on: this script, the corpus module, and the arguments (not --out/--force)."""
+    """What the output depends on: these sources, the arguments (not --out/--force), the library versions."""
     digest = hashlib.sha256()
     for source in (Path(__file__), Path(tiny_corpus.__file__)):
         digest.update(source.read_bytes())
     settings = {"train_seconds": args.train_seconds, "vocab_size": args.vocab_size, "seed": args.seed}
+    # Metadata lookups, not imports: the up-to-date check must stay well under a second.
+    settings |= {name: importlib.metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()
 
@@ -157,7 +168,7 @@ def build_model(tokenizer: Any, seed: int) -> Any:
 
 
 def render_training_texts(
-    tokenizer: Any, conversations: list[list[dict[str, str]]], paragraphs: list[str]
+    tokenizer: Any, conversations: list[tiny_corpus.Conversation], paragraphs: list[str]
 ) -> list[str]:
     chats = [tokenizer.apply_chat_template(c, tokenize=False) for c in conversations]
     return chats + [BOS + paragraph + EOT_TEXT for paragraph in paragraphs]
@@ -275,9 +286,23 @@ def replace_folder(built: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
+@contextlib.contextmanager
+def build_lock(out: Path) -> Iterator[None]:
+    """Serialises builds of one folder: a second builder waits, then finds the first one's result."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
+
+
+def exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def build(args: argparse.Namespace, build_hash: str) -> None:
+    # A plain SIGTERM would skip the cleanup below and leave the temp folder behind.
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     started = time.monotonic()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=f".{args.out.name}.building-"))
     try:
         write_stamp(folder, args, build_hash, build_into(folder, args))
@@ -297,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.force and is_up_to_date(args.out, build_hash):
         log.info("%s is up to date", args.out)
         return 0
-    build(args, build_hash)
+    with build_lock(args.out):
+        if not args.force and is_up_to_date(args.out, build_hash):
+            log.info("%s is up to date (another process just built it)", args.out)
+            return 0
+        build(args, build_hash)
     return 0
 
 

@@ -125,7 +125,6 @@ class Stack:
 def _worker_command(config: Config) -> list[str]:
     return [
         sys.executable, "-m", "celery", "-A", "worker.app", "worker",
-        "--pool", "threads", "--concurrency", str(config.worker_concurrency),
         "--queues", f"{config.interactive_queue},{config.bulk_queue}",
         "--prefetch-multiplier", "1", "--task-events", "--without-gossip", "--without-mingle",
         "--hostname", f"steerbatch-{uuid.uuid4().hex[:8]}@%h", "--loglevel", config.log_level,

@@ -19,6 +19,9 @@ def create_celery(config: Config) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
+        # Threads, not processes: every task thread hands work to the one engine that owns the device.
+        worker_pool="threads",
+        worker_concurrency=config.worker_concurrency,
         task_default_queue=config.interactive_queue,
         worker_send_task_events=True,
         task_send_sent_event=True,

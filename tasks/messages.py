@@ -27,6 +27,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # vLLM's extra parameter: generate max_tokens whatever the model says
 
     @property
     def is_greedy(self) -> bool:

@@ -248,7 +248,8 @@ class BatchEngine:
 
     def _finish_reason(self, row: _Row, token: int) -> FinishReason | None:
         sampling = row.request.sampling
-        if token in self._runner.eos_token_ids or token in sampling.stop_token_ids:
+        is_eos = token in self._runner.eos_token_ids and not sampling.ignore_eos
+        if is_eos or token in sampling.stop_token_ids:
             return FinishReason.STOP
         if row.num_generated >= sampling.max_tokens or row.num_tokens >= self._runner.max_model_len:
             return FinishReason.LENGTH

@@ -31,22 +31,22 @@ def test_chat_completion_has_openai_shape_and_is_recorded(stack: Stack) -> None:
 
 
 def test_max_tokens_is_honoured_and_reports_length(stack: Stack) -> None:
-    body = {"model": stack.config.model_name, "prompt": "the cat", "max_tokens": 5, "temperature": 0}
-    stop_free = post(stack, "/v1/completions", {**body, "stop": None}).json()
-    assert stop_free["object"] == "text_completion" and stop_free["id"].startswith("cmpl-")
-    choice = stop_free["choices"][0]
-    assert stop_free["usage"]["completion_tokens"] <= 5
-    assert choice["finish_reason"] == "length" or stop_free["usage"]["completion_tokens"] < 5
+    body = {"model": stack.config.model_name, "prompt": "the cat", "max_tokens": 1, "temperature": 0}
+    reply = post(stack, "/v1/completions", body).json()
+    assert reply["object"] == "text_completion" and reply["id"].startswith("cmpl-")
+    assert reply["usage"]["completion_tokens"] == 1
+    assert reply["choices"][0]["finish_reason"] == "length"
 
 
 def test_stop_string_truncates_text(stack: Stack) -> None:
-    base = {"model": stack.config.model_name, "prompt": "the cat", "max_tokens": 24, "temperature": 0}
-    full = post(stack, "/v1/completions", base).json()["choices"][0]["text"]
+    messages = [{"role": "user", "content": "tell me about cats"}]
+    base = {"model": stack.config.model_name, "messages": messages, "max_tokens": 24, "temperature": 0}
+    full = post(stack, "/v1/chat/completions", base).json()["choices"][0]["message"]["content"]
     assert len(full) > 4, full
     stop = full[2:4]
-    cut = post(stack, "/v1/completions", {**base, "stop": [stop]}).json()["choices"][0]
+    cut = post(stack, "/v1/chat/completions", {**base, "stop": [stop, "never appears"]}).json()["choices"][0]
     assert cut["finish_reason"] == "stop"
-    assert cut["text"] == full[: full.index(stop)]
+    assert cut["message"]["content"] == full[: full.index(stop)]
 
 
 def test_streamed_chat_ends_with_done_and_usage(stack: Stack) -> None:

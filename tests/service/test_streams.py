@@ -10,7 +10,7 @@ from scripts.stack import Stack
 from tests.service.sse import Frame, data_frames, read_frames
 
 
-def start_stream(stack: Stack, max_tokens: int) -> requests.Response:
+def start_stream(stack: Stack, max_tokens: int, ignore_eos: bool = False) -> requests.Response:
     body = {
         "model": stack.config.model_name,
         "messages": [{"role": "user", "content": "tell me about cats"}],
@@ -18,6 +18,7 @@ def start_stream(stack: Stack, max_tokens: int) -> requests.Response:
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": 0,
+        "ignore_eos": ignore_eos,
     }
     return requests.post(f"{stack.base_url}/v1/chat/completions", json=body, stream=True, timeout=120)
 
@@ -35,14 +36,18 @@ def test_resume_after_any_event_gives_exactly_the_rest(stack: Stack) -> None:
         original = data_frames(list(read_frames(response)))
     request_id = original[0].json["id"]
     assert events(stack, request_id, None) == original
-    for cut in (0, 1, len(original) // 2, len(original) - 1):
-        after = original[cut].event_id
-        expected = [frame for frame in original if _entry(frame) > _entry(original[cut])]
-        assert events(stack, request_id, after) == expected, f"resume after frame {cut} ({after})"
+    final_id = original[-1].event_id
+    before_final = [frame for frame in original if frame.event_id != final_id]
+    for cut in (0, 1, len(before_final) // 2, len(before_final) - 1):
+        after = before_final[cut]
+        expected = [frame for frame in original if _entry(frame) > _entry(after)]
+        assert events(stack, request_id, after.event_id) == expected, f"resume after frame {cut} ({after})"
+    # After the final event there is nothing left to replay, only the end marker.
+    assert [frame.data for frame in events(stack, request_id, final_id)] == ["[DONE]"]
 
 
 def test_resume_while_the_request_is_still_running(stack: Stack) -> None:
-    with start_stream(stack, max_tokens=200) as response:
+    with start_stream(stack, max_tokens=200, ignore_eos=True) as response:
         frames = (frame for frame in read_frames(response) if frame.data is not None)
         first = [next(frames) for _ in range(3)]
         request_id = first[0].json["id"]
@@ -53,7 +58,7 @@ def test_resume_while_the_request_is_still_running(stack: Stack) -> None:
 
 
 def test_client_disconnect_cancels_generation(stack: Stack) -> None:
-    response = start_stream(stack, max_tokens=2000)
+    response = start_stream(stack, max_tokens=2000, ignore_eos=True)
     frames = (frame for frame in read_frames(response) if frame.data is not None)
     request_id = next(frames).json["id"]
     for _ in range(3):

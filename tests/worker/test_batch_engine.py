@@ -306,3 +306,13 @@ def test_stop_aborts_waiting_requests(runner: ModelRunner) -> None:
     assert collector.wait() == EngineOutput("never-run", [], FinishReason.ABORT)
     with pytest.raises(RuntimeError):
         engine.submit(EngineRequest("late", [5], greedy(1)), Collector())
+
+
+def test_ignore_eos_runs_to_max_tokens_through_the_eos(engine: BatchEngine, runner: ModelRunner, tokenizer) -> None:
+    prompt = tokenizer.encode(PROMPTS[0])
+    natural = run(engine, "natural", prompt, greedy(64))
+    assert natural.outputs[-1].finish_reason == FinishReason.STOP, "the tiny model should end this reply by itself"
+    ignoring = run(engine, "ignoring", prompt, dataclasses.replace(greedy(64), ignore_eos=True))
+    assert ignoring.outputs[-1].finish_reason == FinishReason.LENGTH
+    assert len(ignoring.token_ids) == 64
+    assert ignoring.token_ids[: len(natural.token_ids)] == natural.token_ids

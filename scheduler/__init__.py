@@ -1,0 +1,1 @@
+"""Continuous-batching bookkeeping (pure Python, no torch): arrives with the continuous-batching engine."""

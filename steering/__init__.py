@@ -1,0 +1,1 @@
+"""SAE steering and monitoring hooks: arrive with per-request steering."""
