@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -47,6 +48,7 @@ def upgrade_to_head(database_url: str) -> None:
     from alembic.config import Config as AlembicConfig
 
     make_db_engine(database_url).dispose()  # creates the SQLite file's folder
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     alembic_config = AlembicConfig(str(REPO_ROOT / "alembic.ini"))
     alembic_config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
     alembic_config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
