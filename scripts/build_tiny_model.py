@@ -1,6 +1,6 @@
 """Build a tiny Llama-architecture chat model, from nothing, for tests and local runs.
 
-    .venv/bin/python -m scripts.build_tiny_model --out models/tiny [--train-seconds 60] [--force]
+    .venv/bin/python -m scripts.build_tiny_model --out models/tiny [--train-steps 400] [--force]
     .venv/bin/python scripts/build_tiny_model.py --out models/tiny     (the same)
 
 Generates a corpus (tiny_corpus.py), trains a byte-level BPE tokenizer with Llama-3 special tokens
@@ -66,7 +66,8 @@ LOG_EVERY_SECONDS = 5.0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="output folder (replaced atomically)")
-    parser.add_argument("--train-seconds", type=float, default=60.0, help="CPU training budget; 0 = random weights")
+    # Steps, not seconds: the same steps give the same weights whatever else the machine is doing.
+    parser.add_argument("--train-steps", type=int, default=400, help="training steps (~1 min on 2 cores); 0 = random")
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
@@ -78,7 +79,7 @@ def compute_build_hash(args: argparse.Namespace) -> str:
     digest = hashlib.sha256()
     for source in (Path(__file__), Path(tiny_corpus.__file__)):
         digest.update(source.read_bytes())
-    settings = {"train_seconds": args.train_seconds, "vocab_size": args.vocab_size, "seed": args.seed}
+    settings = {"train_steps": args.train_steps, "vocab_size": args.vocab_size, "seed": args.seed}
     # Metadata lookups, not imports: the up-to-date check must stay well under a second.
     settings |= {name: importlib.metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
     digest.update(json.dumps(settings, sort_keys=True).encode())
@@ -185,12 +186,12 @@ def pack_windows(tokenizer: Any, texts: list[str]) -> Any:
     return stream[: num_windows * SEQ_LEN].view(num_windows, SEQ_LEN)
 
 
-def learning_rate(step: int, elapsed_fraction: float) -> float:
-    """Linear warmup, then cosine decay to 10% over the time budget."""
+def learning_rate(step: int, done_fraction: float) -> float:
+    """Linear warmup, then cosine decay to 10% over the training steps."""
     import math
 
     warmup = min(1.0, (step + 1) / WARMUP_STEPS)
-    decay = 0.1 + 0.45 * (1.0 + math.cos(math.pi * min(1.0, elapsed_fraction)))
+    decay = 0.1 + 0.45 * (1.0 + math.cos(math.pi * min(1.0, done_fraction)))
     return LEARNING_RATE * warmup * decay
 
 
@@ -208,7 +209,7 @@ def train_step(model: Any, optimizer: Any, input_ids: Any, lr: float) -> float:
     return loss.item()
 
 
-def train(model: Any, windows: Any, train_seconds: float, seed: int) -> dict[str, float]:
+def train(model: Any, windows: Any, train_steps: int, seed: int) -> dict[str, float]:
     import torch
 
     torch.set_num_threads(2)
@@ -218,9 +219,10 @@ def train(model: Any, windows: Any, train_seconds: float, seed: int) -> dict[str
     start = last_log = time.monotonic()
     losses: list[float] = []
     num_logged = 0
-    while (elapsed := time.monotonic() - start) < train_seconds:
+    for step in range(train_steps):
+        elapsed = time.monotonic() - start
         batch = torch.randint(0, windows.shape[0], (BATCH_SIZE,), generator=generator)
-        lr = learning_rate(len(losses), elapsed / train_seconds)
+        lr = learning_rate(step, step / train_steps)
         losses.append(train_step(model, optimizer, windows[batch], lr))
         if time.monotonic() - last_log >= LOG_EVERY_SECONDS:
             window = losses[num_logged:]
@@ -252,9 +254,9 @@ def build_into(folder: Path, args: argparse.Namespace) -> dict[str, float]:
     tokenizer = train_tokenizer(list(tiny_corpus.iter_plain_texts(conversations, paragraphs)), args.vocab_size)
     model = build_model(tokenizer, args.seed)
     stats: dict[str, float] = {"steps": 0}
-    if args.train_seconds > 0:
+    if args.train_steps > 0:
         windows = pack_windows(tokenizer, render_training_texts(tokenizer, conversations, paragraphs))
-        stats = train(model, windows, args.train_seconds, args.seed)
+        stats = train(model, windows, args.train_steps, args.seed)
         log.info("sample reply to 'what is 3 plus 4?': %r", sample_reply(model, tokenizer, "what is 3 plus 4?"))
     tokenizer.save_pretrained(folder)
     model.save_pretrained(folder)
@@ -265,7 +267,7 @@ def write_stamp(folder: Path, args: argparse.Namespace, build_hash: str, stats: 
     stamp = {
         "build_hash": build_hash,
         "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "args": {"train_seconds": args.train_seconds, "vocab_size": args.vocab_size, "seed": args.seed},
+        "args": {"train_steps": args.train_steps, "vocab_size": args.vocab_size, "seed": args.seed},
         "train": stats,
     }
     (folder / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n")
@@ -316,8 +318,8 @@ def build(args: argparse.Namespace, build_hash: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    if args.train_seconds < 0:
-        raise SystemExit("--train-seconds must be >= 0")
+    if args.train_steps < 0:
+        raise SystemExit("--train-steps must be >= 0")
     build_hash = compute_build_hash(args)
     if not args.force and is_up_to_date(args.out, build_hash):
         log.info("%s is up to date", args.out)

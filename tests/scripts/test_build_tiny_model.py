@@ -25,7 +25,7 @@ MESSAGES = [
 def run_build(out: Path, *extra: str, as_file: bool = False) -> subprocess.CompletedProcess[str]:
     """Runs the script the Makefile's way (python -m, from the repo root) or as a file from elsewhere."""
     entry = [str(REPO_ROOT / "scripts" / "build_tiny_model.py")] if as_file else ["-m", "scripts.build_tiny_model"]
-    command = [sys.executable, *entry, "--out", str(out), "--train-seconds", "0", *extra]
+    command = [sys.executable, *entry, "--out", str(out), "--train-steps", "0", *extra]
     cwd = out.parent if as_file else REPO_ROOT
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd)
     assert result.returncode == 0, result.stderr
@@ -119,7 +119,7 @@ def test_rerun_is_a_quick_no_op_and_force_rebuilds_identically(model_dir: Path) 
 
 def test_concurrent_builds_wait_for_each_other(tmp_path: Path) -> None:
     out = tmp_path / "tiny"
-    command = [sys.executable, "-m", "scripts.build_tiny_model", "--out", str(out), "--train-seconds", "0"]
+    command = [sys.executable, "-m", "scripts.build_tiny_model", "--out", str(out), "--train-steps", "0"]
     builders = [subprocess.Popen(command, cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     logs = [builder.communicate(timeout=120)[1] for builder in builders]
     assert [builder.returncode for builder in builders] == [0, 0]
@@ -129,9 +129,9 @@ def test_concurrent_builds_wait_for_each_other(tmp_path: Path) -> None:
 
 def test_build_hash_depends_on_arguments() -> None:
     def build_hash(**overrides: object) -> str:
-        args = {"out": Path("x"), "train_seconds": 0.0, "vocab_size": 2048, "seed": 0, "force": False, **overrides}
+        args = {"out": Path("x"), "train_steps": 0, "vocab_size": 2048, "seed": 0, "force": False, **overrides}
         return compute_build_hash(argparse.Namespace(**args))
 
     assert build_hash() == build_hash(out=Path("elsewhere"), force=True)
     assert build_hash() != build_hash(seed=1)
-    assert build_hash() != build_hash(train_seconds=60.0)
+    assert build_hash() != build_hash(train_steps=400)
