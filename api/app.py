@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 
 from flask import Flask
@@ -14,12 +13,13 @@ from api.services import Services, close_db_session
 from tasks.celery_app import create_celery
 from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory
+from tasks.logs import configure_logging
 from tasks.streams import connect_redis
 
 
 def create_app(config: Config | None = None) -> Flask:
     config = config or Config.from_env()
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config)
     app = Flask(__name__)
     app.json.sort_keys = False
     app.extensions["steerbatch"] = Services(

@@ -15,10 +15,19 @@ from api.schemas import GenerationFields
 from api.services import db_session, services
 from api.sse import relay_frames, sse_response
 from tasks.celery_app import enqueue_generate
-from tasks.messages import Endpoint, ErrorInfo, GenerateRequest, SamplingParams
+from tasks.messages import (
+    Endpoint,
+    ErrorInfo,
+    EventType,
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    StreamEvent,
+    Usage,
+)
 from tasks.models import RequestRecord, RequestStatus
-from tasks.store import create_request, get_request, record_result
-from tasks.streams import STREAM_START, RedisKeys, request_cancel, wait_for_final
+from tasks.store import create_request, finish_if_queued, get_request, record_result
+from tasks.streams import STREAM_START, RedisKeys, append_event, request_cancel, wait_for_final
 
 logger = logging.getLogger(__name__)
 ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-"}
@@ -82,15 +91,36 @@ def _record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Reques
     return record
 
 
+def cancel_generation(request_id: str, prompt_tokens: int) -> None:
+    """Stop a request wherever it is: a running one through its cancel flag, a queued one right here."""
+    svc = services()
+    request_cancel(svc.redis, svc.config, request_id)
+    with svc.sessions() as session:
+        if finish_if_queued(session, request_id):
+            final = StreamEvent(EventType.FINAL, finish_reason=FinishReason.ABORT, usage=Usage(prompt_tokens, 0))
+            append_event(svc.redis, svc.config, request_id, final)
+
+
 def _stream(record: RequestRecord) -> Response:
     svc = services()
     key = RedisKeys(svc.config.redis_prefix).request_stream(record.id)
-    frames = relay_frames(svc.redis, key, StreamMeta.of(record), STREAM_START, svc.config.sse_heartbeat_s)
 
     def cancel() -> None:
-        logger.info("client left %s before the end; cancelling", record.id)
-        request_cancel(svc.redis, svc.config, record.id)
+        logger.info("stream of %s ended early; cancelling it", record.id)
+        try:
+            cancel_generation(record.id, record.prompt_tokens)
+        except Exception:  # the client is gone; nobody to tell but the log
+            logger.exception("could not cancel %s", record.id)
 
+    frames = relay_frames(
+        svc.redis,
+        key,
+        StreamMeta.of(record),
+        STREAM_START,
+        heartbeat_s=svc.config.sse_heartbeat_s,
+        timeout_s=svc.config.request_timeout_s,
+        on_timeout=cancel,
+    )
     return sse_response(frames, on_abandon=cancel)
 
 
@@ -98,7 +128,7 @@ def _wait(record: RequestRecord) -> Response:
     svc = services()
     key = RedisKeys(svc.config.redis_prefix).request_stream(record.id)
     if wait_for_final(svc.redis, key, svc.config.request_timeout_s) is None:
-        request_cancel(svc.redis, svc.config, record.id)
+        cancel_generation(record.id, record.prompt_tokens)
         raise APIError(504, "The request timed out; it was cancelled.", type="timeout", code="timeout")
     session = db_session()
     session.expire_all()

@@ -83,10 +83,6 @@ class GenerationFields(StrictModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-    @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 
 import redis
@@ -32,23 +33,48 @@ def sse_frame(data: str, event_id: str | None = None) -> str:
     return f"{prefix}data: {data}\n\n"
 
 
-def relay_frames(client: redis.Redis, key: str, meta: StreamMeta, after_id: str, heartbeat_s: float) -> Iterator[str]:
-    """Frames until the final event, then [DONE]; a comment line whenever heartbeat_s passes quietly."""
+def relay_frames(
+    client: redis.Redis,
+    key: str,
+    meta: StreamMeta,
+    after_id: str,
+    *,
+    heartbeat_s: float,
+    timeout_s: float,
+    on_timeout: Callable[[], None] | None = None,
+) -> Iterator[str]:
+    """Frames until the final event, then [DONE]; a comment whenever heartbeat_s passes quietly.
+
+    Only the last frame made from a stream entry carries its id, so a client that drops between the frames of one
+    entry resumes before that entry and misses none of them."""
+    deadline = time.monotonic() + timeout_s
     try:
         for item in read_events(client, key, after_id, int(heartbeat_s * 1000)):
+            if time.monotonic() >= deadline:
+                yield from _timed_out(on_timeout)
+                return
             if item is None:
                 yield ": keep-alive\n\n"
                 continue
             entry_id, event = item
-            for chunk in stream_chunks(meta, event):
-                yield sse_frame(json.dumps(chunk), entry_id)
+            payloads = [json.dumps(chunk) for chunk in stream_chunks(meta, event)]
             if event.type == EventType.FINAL:
-                yield sse_frame("[DONE]", entry_id)
+                payloads.append("[DONE]")
+            for index, payload in enumerate(payloads):
+                yield sse_frame(payload, entry_id if index == len(payloads) - 1 else None)
+            if event.type == EventType.FINAL:
                 return
     except redis.exceptions.RedisError as exc:
         logger.warning("stream %s broke off: %s", key, exc)
         error = ErrorInfo("The event stream was interrupted; reconnect with Last-Event-ID.", "service_unavailable")
         yield sse_frame(json.dumps({"error": error.to_dict()}))
+
+
+def _timed_out(on_timeout: Callable[[], None] | None) -> Iterator[str]:
+    if on_timeout is not None:
+        on_timeout()
+    error = ErrorInfo("The request timed out.", "timeout", None, "timeout")
+    yield sse_frame(json.dumps({"error": error.to_dict()}))
 
 
 def sse_response(frames: Iterator[str], on_abandon: Callable[[], None] | None = None) -> Response:

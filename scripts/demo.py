@@ -12,6 +12,7 @@ from openai import OpenAI
 
 from scripts.stack import Stack
 from tasks.config import REPO_ROOT, Config
+from tasks.logs import configure_logging
 
 logger = logging.getLogger("demo")
 QUESTIONS = ["what is 3 plus 4?", "name a color", "tell me about cats", "what is 2 plus 2?"]
@@ -54,7 +55,7 @@ def ask(client: OpenAI, model: str, question: str) -> tuple[str, str, str | None
 
 def main() -> int:
     config = Config.from_env()
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config)
     stack = Stack(config, log_dir=REPO_ROOT / "var" / "logs")
     try:
         stack.start()

@@ -9,6 +9,7 @@ import time
 
 from scripts.stack import Stack
 from tasks.config import Config
+from tasks.logs import configure_logging
 
 logger = logging.getLogger("serve")
 
@@ -19,7 +20,7 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 def main() -> int:
     config = Config.from_env()
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config)
     stack = Stack(config)
     signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tasks.messages import ErrorInfo, FinishReason
@@ -44,7 +45,7 @@ def record_result(
     finish_reason: FinishReason | None,
     error: ErrorInfo | None = None,
 ) -> None:
-    """Store the one result of a request; a second call for the same request changes nothing."""
+    """Store the one result of a request; a later or concurrent second call changes nothing."""
     if session.get(ResultRecord, request_id) is not None:
         return
     status = _final_status(finish_reason, error)
@@ -59,7 +60,24 @@ def record_result(
         )
     )
     session.execute(update(RequestRecord).where(RequestRecord.id == request_id).values(status=status.value))
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()  # another writer recorded it first; theirs stands
+
+
+def finish_if_queued(session: Session, request_id: str) -> bool:
+    """Cancel a request no worker has taken yet; True if this call ended it."""
+    claimed = session.execute(
+        update(RequestRecord)
+        .where(RequestRecord.id == request_id, RequestRecord.status == RequestStatus.QUEUED.value)
+        .values(status=RequestStatus.CANCELLED.value)
+    )
     session.commit()
+    if claimed.rowcount != 1:
+        return False
+    record_result(session, request_id, text="", completion_tokens=0, finish_reason=FinishReason.ABORT)
+    return True
 
 
 def _final_status(finish_reason: FinishReason | None, error: ErrorInfo | None) -> RequestStatus:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -61,15 +62,12 @@ def read_events(
 
 def wait_for_final(client: redis.Redis, key: str, timeout_s: float) -> StreamEvent | None:
     """Block until the request's final event; None if `timeout_s` passes first."""
-    block_ms = 1000
-    waited_ms = 0
-    for item in read_events(client, key, STREAM_START, block_ms):
-        if item is None:
-            waited_ms += block_ms
-            if waited_ms >= timeout_s * 1000:
-                return None
-        elif item[1].type == EventType.FINAL:
+    deadline = time.monotonic() + timeout_s
+    for item in read_events(client, key, STREAM_START, block_ms=1000):
+        if item is not None and item[1].type == EventType.FINAL:
             return item[1]
+        if time.monotonic() >= deadline:
+            return None
     return None
 
 

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from tasks.celery_app import GENERATE_TASK, create_celery
 from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory
+from tasks.logs import configure_logging
 from tasks.messages import GenerateRequest
 from tasks.streams import connect_redis
 from worker.batch_engine import BatchEngine
@@ -33,7 +34,7 @@ _runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the poo
 
 @worker_init.connect
 def load_model(**_: object) -> None:
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config)
     engine = BatchEngine(ModelRunner(config), max_batch_size=config.max_batch_size)
     engine.start()
     handler = GenerationHandler(

@@ -16,12 +16,17 @@ def backend_of(tokenizer: PreTrainedTokenizerBase | Tokenizer) -> Tokenizer:
     return backend
 
 
+PROMPT_CONTEXT_TOKENS = 5
+
+
 class IncrementalDetokenizer:
     """One per request; special tokens (EOS included) produce no text."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | Tokenizer) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | Tokenizer, prompt_ids: list[int] | None = None) -> None:
         self._backend = backend_of(tokenizer)
-        self._stream = DecodeStream(skip_special_tokens=True)
+        # The prompt's tail as context: SentencePiece-style decoders drop the leading space of a first token.
+        context = list(prompt_ids or [])[-PROMPT_CONTEXT_TOKENS:]
+        self._stream = DecodeStream(ids=context, skip_special_tokens=True)
 
     def push(self, token_ids: list[int]) -> str:
         """Returns the text completed by these tokens; bytes of an unfinished character wait for the next push."""

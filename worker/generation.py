@@ -15,7 +15,7 @@ from tasks.db import SessionFactory
 from tasks.messages import ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, Usage
 from tasks.models import TERMINAL_STATUSES, RequestStatus
 from tasks.store import claim_request, record_result
-from tasks.streams import RedisKeys, append_event, is_cancel_requested
+from tasks.streams import append_event, is_cancel_requested
 from worker.engine import Engine, EngineOutput, EngineRequest
 from worker.text_stream import TextStream
 
@@ -47,40 +47,48 @@ class GenerationHandler:
         self.sessions = sessions
 
     def handle(self, request: GenerateRequest) -> None:
-        if not self._claim(request.request_id):
+        if not self._claim(request):
             return
-        if is_cancel_requested(self.redis, self.config, request.request_id):
-            outcome = Outcome("", 0, FinishReason.ABORT)
-        else:
-            self._emit(request.request_id, StreamEvent(EventType.START))
-            outcome = self._run(request)
+        try:
+            if is_cancel_requested(self.redis, self.config, request.request_id):
+                outcome = Outcome("", 0, FinishReason.ABORT)
+            else:
+                self._emit(request.request_id, StreamEvent(EventType.START))
+                outcome = self._run(request)
+        except Exception:
+            # Redis or the database failed mid-request: still leave exactly one result, if they let us.
+            logger.exception("request %s failed in the worker", request.request_id)
+            outcome = Outcome("", 0, None, ErrorInfo("The worker failed while generating.", "server_error"))
         self._finish(request, outcome)
 
-    def _claim(self, request_id: str) -> bool:
-        """False when there is nothing to run: unknown, already finished, or redelivered mid-generation."""
+    def _claim(self, request: GenerateRequest) -> bool:
+        """False when there is nothing to run: unknown, already finished, or redelivered after a worker died."""
         with self.sessions() as session:
-            previous = claim_request(session, request_id)
+            previous = claim_request(session, request.request_id)
         if previous is None:
-            logger.warning("request %s is not in the database; dropping it", request_id)
+            logger.warning("request %s is not in the database; dropping it", request.request_id)
             return False
         if previous in TERMINAL_STATUSES:
-            logger.info("request %s already finished; skipping the redelivery", request_id)
+            logger.info("request %s already finished; skipping the redelivery", request.request_id)
             return False
-        if previous == RequestStatus.RUNNING and self._has_streamed(request_id):
-            # A worker died after streaming part of it: rerunning would repeat text the client has seen.
+        if previous == RequestStatus.RUNNING:
+            # A worker took it and died: rerunning could repeat text a client has already seen.
             error = ErrorInfo("The worker running this request stopped mid-generation.", "server_error")
-            self._record_and_close(request_id, Outcome("", 0, None, error), prompt_tokens=0)
+            self._finish(request, Outcome("", 0, None, error))
             return False
         return True
-
-    def _has_streamed(self, request_id: str) -> bool:
-        return bool(self.redis.exists(RedisKeys(self.config.redis_prefix).request_stream(request_id)))
 
     def _run(self, request: GenerateRequest) -> Outcome:
         outputs: queue.Queue[EngineOutput] = queue.Queue()
         engine_request = EngineRequest(request.request_id, request.prompt_token_ids, request.sampling)
         self.engine.submit(engine_request, outputs.put)
-        text_stream = TextStream(self.tokenizer, request.sampling.stop)
+        try:
+            return self._follow(request, outputs)
+        finally:
+            self.engine.cancel(request.request_id)  # a no-op once the engine has finished the request
+
+    def _follow(self, request: GenerateRequest, outputs: queue.Queue[EngineOutput]) -> Outcome:
+        text_stream = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop)
         num_tokens = 0
         next_cancel_check = 0.0
         while True:
@@ -97,7 +105,6 @@ class GenerationHandler:
             num_tokens += len(output.new_token_ids)
             self._emit_text(request.request_id, text_stream.push(output.new_token_ids), output.new_token_ids)
             if text_stream.is_stopped:
-                self.engine.cancel(request.request_id)
                 return Outcome(text_stream.text, num_tokens, FinishReason.STOP)
             if output.finish_reason is not None:
                 self._emit_text(request.request_id, text_stream.flush(), [])
@@ -111,25 +118,22 @@ class GenerationHandler:
         append_event(self.redis, self.config, request_id, event)
 
     def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
-        self._record_and_close(request.request_id, outcome, prompt_tokens=len(request.prompt_token_ids))
+        # SQL first: whoever sees the final event can read the result.
+        with self.sessions() as session:
+            record_result(
+                session,
+                request.request_id,
+                text=outcome.text,
+                completion_tokens=outcome.completion_tokens,
+                finish_reason=outcome.finish_reason,
+                error=outcome.error,
+            )
+        usage = Usage(len(request.prompt_token_ids), outcome.completion_tokens)
+        final = StreamEvent(EventType.FINAL, finish_reason=outcome.finish_reason, usage=usage, error=outcome.error)
+        self._emit(request.request_id, final)
         logger.info(
             "request %s finished: %s, %d tokens",
             request.request_id,
             outcome.finish_reason.value if outcome.finish_reason else "error",
             outcome.completion_tokens,
         )
-
-    def _record_and_close(self, request_id: str, outcome: Outcome, prompt_tokens: int) -> None:
-        # SQL first: whoever sees the final event can read the result.
-        with self.sessions() as session:
-            record_result(
-                session,
-                request_id,
-                text=outcome.text,
-                completion_tokens=outcome.completion_tokens,
-                finish_reason=outcome.finish_reason,
-                error=outcome.error,
-            )
-        usage = Usage(prompt_tokens, outcome.completion_tokens)
-        final = StreamEvent(EventType.FINAL, finish_reason=outcome.finish_reason, usage=usage, error=outcome.error)
-        self._emit(request_id, final)

@@ -9,8 +9,8 @@ from worker.stop_strings import StopStringMatcher
 
 
 class TextStream:
-    def __init__(self, tokenizer: PreTrainedTokenizerFast, stops: tuple[str, ...]) -> None:
-        self._detokenizer = IncrementalDetokenizer(tokenizer)
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, prompt_ids: list[int], stops: tuple[str, ...]) -> None:
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
         self._stops = StopStringMatcher(stops)
         self.text = ""
         self.is_stopped = False

@@ -5,12 +5,13 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify
 
 from api.errors import APIError
+from api.generation import cancel_generation
 from api.responses import StreamMeta, request_object
 from api.services import db_session, services
 from api.sse import last_event_id, relay_frames, sse_frame, sse_response
 from tasks.models import RequestRecord
 from tasks.store import get_request
-from tasks.streams import RedisKeys, request_cancel
+from tasks.streams import RedisKeys
 
 bp = Blueprint("requests", __name__)
 
@@ -39,13 +40,22 @@ def request_events(request_id: str) -> Response:
             raise APIError(410, "The event stream has expired; GET the request for its result.", code="stream_expired")
         if not svc.redis.xrange(key, min=f"({after_id}", count=1):
             return sse_response(iter([sse_frame("[DONE]", after_id)]))  # resumed after the final event
-    return sse_response(relay_frames(svc.redis, key, StreamMeta.of(record), after_id, svc.config.sse_heartbeat_s))
+    frames = relay_frames(
+        svc.redis,
+        key,
+        StreamMeta.of(record),
+        after_id,
+        heartbeat_s=svc.config.sse_heartbeat_s,
+        timeout_s=svc.config.request_timeout_s,
+    )
+    return sse_response(frames)
 
 
 @bp.post("/v1/requests/<request_id>/cancel")
 def cancel_request(request_id: str) -> Response:
     record = _find(request_id)
-    svc = services()
     if not record.is_finished:
-        request_cancel(svc.redis, svc.config, request_id)
+        cancel_generation(request_id, record.prompt_tokens)
+        db_session().expire_all()
+        record = _find(request_id)
     return jsonify(request_object(record))

@@ -31,28 +31,53 @@ def events(stack: Stack, request_id: str, last_event_id: str | None) -> list[Fra
         return data_frames(list(read_frames(response)))
 
 
+def entry_ids(frames: list[Frame]) -> list[str]:
+    """The stream entry each frame came from: frames without an id belong to the next frame that has one."""
+    owners: list[str] = []
+    pending = 0
+    for frame in frames:
+        pending += 1
+        if frame.event_id is not None:
+            owners += [frame.event_id] * pending
+            pending = 0
+    assert pending == 0, "the last frame must carry an id"
+    return owners
+
+
 def test_resume_after_any_event_gives_exactly_the_rest(stack: Stack) -> None:
     with start_stream(stack, max_tokens=20) as response:
         original = data_frames(list(read_frames(response)))
     request_id = original[0].json["id"]
     assert events(stack, request_id, None) == original
-    final_id = original[-1].event_id
-    before_final = [frame for frame in original if frame.event_id != final_id]
-    for cut in (0, 1, len(before_final) // 2, len(before_final) - 1):
-        after = before_final[cut]
-        expected = [frame for frame in original if _entry(frame) > _entry(after)]
-        assert events(stack, request_id, after.event_id) == expected, f"resume after frame {cut} ({after})"
-    # After the final event there is nothing left to replay, only the end marker.
-    assert [frame.data for frame in events(stack, request_id, final_id)] == ["[DONE]"]
+    owners = entry_ids(original)
+    distinct = sorted(set(owners), key=_entry)
+    assert len(distinct) >= 4, "a stream of START, DELTAs and FINAL"
+    for after in distinct:
+        expected = [frame for frame, owner in zip(original, owners, strict=True) if _entry(owner) > _entry(after)]
+        if after == distinct[-1]:
+            expected = [Frame(after, "[DONE]")]  # after the final event only the end marker is left
+        assert events(stack, request_id, after) == expected, f"resume after {after}"
+
+
+def test_the_finish_and_usage_chunks_share_one_resumable_entry(stack: Stack) -> None:
+    with start_stream(stack, max_tokens=8) as response:
+        original = data_frames(list(read_frames(response)))
+    finish, usage, done = original[-3:]
+    assert finish.json["choices"][0]["finish_reason"] and usage.json["usage"] and done.data == "[DONE]"
+    assert finish.event_id is None and usage.event_id is None and done.event_id is not None
+    resumed = events(stack, finish.json["id"], original[-4].event_id)
+    assert resumed == [finish, usage, done]
 
 
 def test_resume_while_the_request_is_still_running(stack: Stack) -> None:
-    with start_stream(stack, max_tokens=200, ignore_eos=True) as response:
+    with start_stream(stack, max_tokens=1500, ignore_eos=True) as response:
         frames = (frame for frame in read_frames(response) if frame.data is not None)
         first = [next(frames) for _ in range(3)]
         request_id = first[0].json["id"]
+        status = requests.get(f"{stack.base_url}/v1/requests/{request_id}", timeout=10).json()["status"]
         resumed = events(stack, request_id, first[-1].event_id)
         rest = data_frames(list(frames))
+    assert status == "running"
     assert resumed == rest
     assert resumed[-1].data == "[DONE]"
 
@@ -81,9 +106,8 @@ def test_unknown_request_and_bad_event_id(stack: Stack) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
 
 
-def _entry(frame: Frame) -> tuple[int, int]:
-    assert frame.event_id is not None
-    millis, sequence = frame.event_id.split("-")
+def _entry(event_id: str) -> tuple[int, int]:
+    millis, sequence = event_id.split("-")
     return int(millis), int(sequence)
 
 

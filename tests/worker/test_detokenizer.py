@@ -61,3 +61,19 @@ def test_push_takes_several_tokens_at_once(tiny_tokenizer: PreTrainedTokenizerBa
     detokenizer = IncrementalDetokenizer(tiny_tokenizer)
     text = "".join(detokenizer.push(token_ids[start : start + 3]) for start in range(0, len(token_ids), 3))
     assert text == tiny_tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def metaspace_tokenizer() -> Tokenizer:
+    """SentencePiece-style: '▁' marks a word start and the decoder strips it at the very start of a text."""
+    vocab = {"<unk>": 0, "▁the": 1, "▁cat": 2, "▁sat": 3}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    return tokenizer
+
+
+def test_completion_keeps_its_leading_space_after_the_prompt() -> None:
+    tokenizer = metaspace_tokenizer()
+    prompt = tokenizer.encode("the cat").ids
+    assert IncrementalDetokenizer(tokenizer).push([3]) == "sat"  # no context: the space is lost
+    assert IncrementalDetokenizer(tokenizer, prompt).push([3]) == " sat"
