@@ -26,6 +26,7 @@ from tasks.messages import (
     Usage,
 )
 from tasks.models import RequestRecord, RequestStatus
+from tasks.orphans import fail_if_orphaned
 from tasks.store import create_request, finish_if_queued, get_request, record_result
 from tasks.streams import STREAM_START, RedisKeys, append_event, request_cancel, wait_for_final
 
@@ -120,6 +121,7 @@ def _stream(record: RequestRecord) -> Response:
         heartbeat_s=svc.config.sse_heartbeat_s,
         timeout_s=svc.config.request_timeout_s,
         on_timeout=cancel,
+        on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id),
     )
     return sse_response(frames, on_abandon=cancel)
 
@@ -127,7 +129,11 @@ def _stream(record: RequestRecord) -> Response:
 def _wait(record: RequestRecord) -> Response:
     svc = services()
     key = RedisKeys(svc.config.redis_prefix).request_stream(record.id)
-    if wait_for_final(svc.redis, key, svc.config.request_timeout_s) is None:
+
+    def check_worker() -> None:
+        fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
+
+    if wait_for_final(svc.redis, key, svc.config.request_timeout_s, on_idle=check_worker) is None:
         cancel_generation(record.id, record.prompt_tokens)
         raise APIError(504, "The request timed out; it was cancelled.", type="timeout", code="timeout")
     session = db_session()

@@ -42,6 +42,7 @@ def relay_frames(
     heartbeat_s: float,
     timeout_s: float,
     on_timeout: Callable[[], None] | None = None,
+    on_idle: Callable[[], object] = lambda: None,
 ) -> Iterator[str]:
     """Frames until the final event, then [DONE]; a comment whenever heartbeat_s passes quietly.
 
@@ -54,6 +55,7 @@ def relay_frames(
                 yield from _timed_out(on_timeout)
                 return
             if item is None:
+                on_idle()
                 yield ": keep-alive\n\n"
                 continue
             entry_id, event = item

@@ -51,7 +51,7 @@ class Stack:
             if self.config.is_redis_embedded:
                 self._start_embedded_redis()
             upgrade_to_head(self.config.database_url)
-            self._start("worker", _worker_command(self.config))
+            self.start_worker()
             self._start("api", _api_command(self.config))
             if with_flower:
                 self._start("flower", _flower_command(self.config))
@@ -59,6 +59,12 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+
+    def start_worker(self) -> None:
+        self._start("worker", _worker_command(self.config))
+
+    def process(self, name: str) -> ManagedProcess:
+        return next(p for p in reversed(self.processes) if p.name == name)
 
     @property
     def base_url(self) -> str:

@@ -28,6 +28,7 @@ class Config:
     sse_heartbeat_s: float = 15.0
     request_timeout_s: float = 600.0
     worker_concurrency: int = 32
+    worker_lease_s: float = 15.0  # a worker silent this long is dead: its running requests fail
     max_batch_size: int = 32
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu

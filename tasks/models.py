@@ -36,6 +36,7 @@ class RequestRecord(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     created: Mapped[int] = mapped_column(Integer)  # unix seconds, OpenAI's `created`
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(256), nullable=True)  # Celery node that claimed it
     result: Mapped[ResultRecord | None] = relationship(back_populates="request", uselist=False, lazy="joined")
 
     @property

@@ -21,12 +21,12 @@ def get_request(session: Session, request_id: str) -> RequestRecord | None:
     return session.get(RequestRecord, request_id)
 
 
-def claim_request(session: Session, request_id: str) -> RequestStatus | None:
-    """Mark a queued request running; returns the status it had before (None if unknown)."""
+def claim_request(session: Session, request_id: str, worker: str) -> RequestStatus | None:
+    """Mark a queued request running on `worker`; returns the status it had before (None if unknown)."""
     claimed = session.execute(
         update(RequestRecord)
         .where(RequestRecord.id == request_id, RequestRecord.status == RequestStatus.QUEUED.value)
-        .values(status=RequestStatus.RUNNING.value, started_at=datetime.now(timezone.utc))
+        .values(status=RequestStatus.RUNNING.value, started_at=datetime.now(timezone.utc), worker=worker)
     )
     session.commit()
     if claimed.rowcount == 1:
@@ -44,10 +44,10 @@ def record_result(
     completion_tokens: int,
     finish_reason: FinishReason | None,
     error: ErrorInfo | None = None,
-) -> None:
-    """Store the one result of a request; a later or concurrent second call changes nothing."""
+) -> bool:
+    """Store the one result of a request; True if this call stored it, False if another writer had."""
     if session.get(ResultRecord, request_id) is not None:
-        return
+        return False
     status = _final_status(finish_reason, error)
     session.add(
         ResultRecord(
@@ -64,6 +64,8 @@ def record_result(
         session.commit()
     except IntegrityError:
         session.rollback()  # another writer recorded it first; theirs stands
+        return False
+    return True
 
 
 def finish_if_queued(session: Session, request_id: str) -> bool:
@@ -76,8 +78,7 @@ def finish_if_queued(session: Session, request_id: str) -> bool:
     session.commit()
     if claimed.rowcount != 1:
         return False
-    record_result(session, request_id, text="", completion_tokens=0, finish_reason=FinishReason.ABORT)
-    return True
+    return record_result(session, request_id, text="", completion_tokens=0, finish_reason=FinishReason.ABORT)
 
 
 def _final_status(finish_reason: FinishReason | None, error: ErrorInfo | None) -> RequestStatus:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import redis
@@ -24,6 +24,9 @@ class RedisKeys:
 
     def cancel_flag(self, request_id: str) -> str:
         return f"{self.prefix}cancel:{request_id}"
+
+    def worker_lease(self, worker: str) -> str:
+        return f"{self.prefix}lease:worker:{worker}"
 
 
 def connect_redis(config: Config, *, block_s: float = 0.0) -> redis.Redis:
@@ -60,14 +63,18 @@ def read_events(
             yield entry_id, StreamEvent.from_dict(json.loads(fields["event"]))
 
 
-def wait_for_final(client: redis.Redis, key: str, timeout_s: float) -> StreamEvent | None:
-    """Block until the request's final event; None if `timeout_s` passes first."""
+def wait_for_final(
+    client: redis.Redis, key: str, timeout_s: float, on_idle: Callable[[], object] = lambda: None
+) -> StreamEvent | None:
+    """Block until the request's final event; None if `timeout_s` passes first. `on_idle` runs on each quiet second."""
     deadline = time.monotonic() + timeout_s
     for item in read_events(client, key, STREAM_START, block_ms=1000):
         if item is not None and item[1].type == EventType.FINAL:
             return item[1]
         if time.monotonic() >= deadline:
             return None
+        if item is None:
+            on_idle()
     return None
 
 
@@ -77,3 +84,11 @@ def request_cancel(client: redis.Redis, config: Config, request_id: str) -> None
 
 def is_cancel_requested(client: redis.Redis, config: Config, request_id: str) -> bool:
     return bool(client.exists(RedisKeys(config.redis_prefix).cancel_flag(request_id)))
+
+
+def renew_worker_lease(client: redis.Redis, config: Config, worker: str) -> None:
+    client.set(RedisKeys(config.redis_prefix).worker_lease(worker), "1", px=int(config.worker_lease_s * 1000))
+
+
+def is_worker_alive(client: redis.Redis, config: Config, worker: str) -> bool:
+    return bool(client.exists(RedisKeys(config.redis_prefix).worker_lease(worker)))

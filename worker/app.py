@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 from celery.signals import worker_init, worker_shutdown
+from celery.worker import WorkController
 from transformers import PreTrainedTokenizerFast
 
 from tasks.celery_app import GENERATE_TASK, create_celery
@@ -16,6 +17,7 @@ from tasks.messages import GenerateRequest
 from tasks.streams import connect_redis
 from worker.batch_engine import BatchEngine
 from worker.generation import GenerationHandler
+from worker.lease import WorkerLease
 from worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -27,24 +29,29 @@ celery = create_celery(config)
 class WorkerRuntime:
     engine: BatchEngine
     handler: GenerationHandler
+    lease: WorkerLease
 
 
 _runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the pool takes tasks
 
 
 @worker_init.connect
-def load_model(**_: object) -> None:
+def load_model(sender: WorkController, **_: object) -> None:
     configure_logging(config)
     engine = BatchEngine(ModelRunner(config), max_batch_size=config.max_batch_size)
     engine.start()
+    client = connect_redis(config)
     handler = GenerationHandler(
         config=config,
         engine=engine,
         tokenizer=PreTrainedTokenizerFast.from_pretrained(config.model),
-        client=connect_redis(config),
+        client=client,
         sessions=make_session_factory(make_db_engine(config.database_url)),
+        worker=sender.hostname,
     )
-    _runtime.append(WorkerRuntime(engine, handler))
+    lease = WorkerLease(client, config, sender.hostname)
+    lease.start()
+    _runtime.append(WorkerRuntime(engine, handler, lease))
     logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_batch_size)
 
 
@@ -52,6 +59,7 @@ def load_model(**_: object) -> None:
 def stop_engine(**_: object) -> None:
     for runtime in _runtime:
         runtime.engine.stop()
+        runtime.lease.stop()
 
 
 @celery.task(name=GENERATE_TASK)

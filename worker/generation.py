@@ -39,7 +39,9 @@ class GenerationHandler:
         tokenizer: PreTrainedTokenizerFast,
         client: redis.Redis,
         sessions: SessionFactory,
+        worker: str,
     ) -> None:
+        self.worker = worker
         self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
@@ -64,7 +66,7 @@ class GenerationHandler:
     def _claim(self, request: GenerateRequest) -> bool:
         """False when there is nothing to run: unknown, already finished, or redelivered after a worker died."""
         with self.sessions() as session:
-            previous = claim_request(session, request.request_id)
+            previous = claim_request(session, request.request_id, self.worker)
         if previous is None:
             logger.warning("request %s is not in the database; dropping it", request.request_id)
             return False
@@ -118,9 +120,9 @@ class GenerationHandler:
         append_event(self.redis, self.config, request_id, event)
 
     def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
-        # SQL first: whoever sees the final event can read the result.
+        # SQL first: whoever sees the final event can read the result. Only the writer of the one result streams it.
         with self.sessions() as session:
-            record_result(
+            recorded = record_result(
                 session,
                 request.request_id,
                 text=outcome.text,
@@ -128,6 +130,9 @@ class GenerationHandler:
                 finish_reason=outcome.finish_reason,
                 error=outcome.error,
             )
+        if not recorded:
+            logger.warning("request %s already had a result; this run's is dropped", request.request_id)
+            return
         usage = Usage(len(request.prompt_token_ids), outcome.completion_tokens)
         final = StreamEvent(EventType.FINAL, finish_reason=outcome.finish_reason, usage=usage, error=outcome.error)
         self._emit(request.request_id, final)

@@ -10,6 +10,7 @@ from api.responses import StreamMeta, request_object
 from api.services import db_session, services
 from api.sse import last_event_id, relay_frames, sse_frame, sse_response
 from tasks.models import RequestRecord
+from tasks.orphans import fail_if_orphaned
 from tasks.store import get_request
 from tasks.streams import RedisKeys
 
@@ -47,6 +48,7 @@ def request_events(request_id: str) -> Response:
         after_id,
         heartbeat_s=svc.config.sse_heartbeat_s,
         timeout_s=svc.config.request_timeout_s,
+        on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, request_id),
     )
     return sse_response(frames)
 

@@ -46,15 +46,17 @@ def new_record(request_id: str) -> RequestRecord:
 
 def test_request_lifecycle(session: Session) -> None:
     create_request(session, new_record("chatcmpl-a"))
-    assert claim_request(session, "chatcmpl-a") == RequestStatus.QUEUED
-    assert claim_request(session, "chatcmpl-a") == RequestStatus.RUNNING
-    record_result(session, "chatcmpl-a", text="hello", completion_tokens=2, finish_reason=FinishReason.STOP)
-    record_result(session, "chatcmpl-a", text="again", completion_tokens=9, finish_reason=FinishReason.LENGTH)
+    assert claim_request(session, "chatcmpl-a", "w1") == RequestStatus.QUEUED
+    assert claim_request(session, "chatcmpl-a", "w1") == RequestStatus.RUNNING
+    assert record_result(session, "chatcmpl-a", text="hello", completion_tokens=2, finish_reason=FinishReason.STOP)
+    assert not record_result(
+        session, "chatcmpl-a", text="again", completion_tokens=9, finish_reason=FinishReason.LENGTH
+    )
     session.expire_all()
     record = get_request(session, "chatcmpl-a")
     assert record is not None and record.status == "completed" and record.is_finished
     assert record.result is not None and (record.result.text, record.result.completion_tokens) == ("hello", 2)
-    assert record.body["messages"][0]["content"] == "hé"
+    assert record.body["messages"][0]["content"] == "hé" and record.worker == "w1"
 
 
 def test_abort_and_error_map_to_statuses(session: Session) -> None:
@@ -65,5 +67,5 @@ def test_abort_and_error_map_to_statuses(session: Session) -> None:
     session.expire_all()
     assert get_request(session, "chatcmpl-b").status == "cancelled"  # type: ignore[union-attr]
     assert get_request(session, "chatcmpl-c").status == "failed"  # type: ignore[union-attr]
-    assert claim_request(session, "chatcmpl-c") == RequestStatus.FAILED
-    assert claim_request(session, "chatcmpl-missing") is None
+    assert claim_request(session, "chatcmpl-c", "w1") == RequestStatus.FAILED
+    assert claim_request(session, "chatcmpl-missing", "w1") is None

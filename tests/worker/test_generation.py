@@ -40,6 +40,7 @@ def handler(
         tokenizer=PreTrainedTokenizerFast.from_pretrained(tiny_model_dir),
         client=client,
         sessions=make_session_factory(make_db_engine(database_url)),
+        worker="test-worker",
     )
     engine.stop()
     for key in client.scan_iter(f"{config.redis_prefix}*"):
@@ -100,7 +101,7 @@ def test_a_redelivered_finished_task_changes_nothing(handler: GenerationHandler)
 def test_redelivery_after_a_worker_died_mid_stream_ends_in_one_error(handler: GenerationHandler) -> None:
     request = accept(handler, "the bird")
     with handler.sessions() as session:
-        claim_request(session, request.request_id)  # the dead worker had claimed it ...
+        claim_request(session, request.request_id, "dead-worker")  # the dead worker had claimed it ...
     handler._emit(request.request_id, StreamEvent(EventType.START))  # ... and started streaming
     handler.handle(request)
     events = stream_events(handler, request.request_id)

@@ -1,0 +1,38 @@
+"""Requests whose worker died: whoever waits on one notices the lapsed lease and records its one error."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from tasks.config import Config
+from tasks.db import SessionFactory
+from tasks.messages import ErrorInfo, EventType, StreamEvent, Usage
+from tasks.models import RequestStatus
+from tasks.store import get_request, record_result
+from tasks.streams import append_event, is_worker_alive, request_cancel
+
+logger = logging.getLogger(__name__)
+WORKER_LOST = ErrorInfo("The worker running this request stopped; it was not finished.", "server_error", None,
+                        "worker_lost")  # fmt: skip
+
+
+def fail_if_orphaned(sessions: SessionFactory, client: redis.Redis, config: Config, request_id: str) -> bool:
+    """True if the request was running on a worker whose lease lapsed and this call failed it."""
+    with sessions() as session:
+        record = get_request(session, request_id)
+        if record is None or record.status != RequestStatus.RUNNING.value or record.worker is None:
+            return False
+        if is_worker_alive(client, config, record.worker):
+            return False
+        logger.warning("worker %s stopped renewing its lease; failing %s", record.worker, request_id)
+        recorded = record_result(
+            session, request_id, text="", completion_tokens=0, finish_reason=None, error=WORKER_LOST
+        )
+        prompt_tokens = record.prompt_tokens
+    if recorded:
+        request_cancel(client, config, request_id)  # if the worker was only slow, it stops now
+        final = StreamEvent(EventType.FINAL, usage=Usage(prompt_tokens, 0), error=WORKER_LOST)
+        append_event(client, config, request_id, final)
+    return recorded

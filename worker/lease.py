@@ -1,0 +1,37 @@
+"""The worker's liveness lease in Redis, renewed from its own thread while the process lives."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from tasks.config import Config
+from tasks.streams import renew_worker_lease
+
+logger = logging.getLogger(__name__)
+RENEWALS_PER_LEASE = 3  # a lease survives two missed renewals
+
+
+class WorkerLease:
+    def __init__(self, client: redis.Redis, config: Config, worker: str) -> None:
+        self.worker = worker
+        self._client = client
+        self._config = config
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._renew_forever, name="worker-lease", daemon=True)
+
+    def start(self) -> None:
+        renew_worker_lease(self._client, self._config, self.worker)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _renew_forever(self) -> None:
+        while not self._stopped.wait(self._config.worker_lease_s / RENEWALS_PER_LEASE):
+            try:
+                renew_worker_lease(self._client, self._config, self.worker)
+            except redis.RedisError as exc:
+                logger.warning("could not renew the lease of %s: %s", self.worker, exc)
