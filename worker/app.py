@@ -49,7 +49,7 @@ def load_model(sender: WorkController, **_: object) -> None:
         sessions=make_session_factory(make_db_engine(config.database_url)),
         worker=sender.hostname,
     )
-    lease = WorkerLease(client, config, sender.hostname)
+    lease = WorkerLease(client, config, sender.hostname, is_healthy=engine.is_alive)
     lease.start()
     _runtime.append(WorkerRuntime(engine, handler, lease))
     logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_batch_size)

@@ -111,6 +111,9 @@ class BatchEngine:
     def start(self) -> None:
         self._thread.start()
 
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, timeout_s: float | None = None) -> None:
         """Aborts running and waiting requests and ends the engine thread."""
         with self._cond:

@@ -39,3 +39,6 @@ class Engine(Protocol):
 
     def cancel(self, request_id: str) -> None:
         """Abort a request; its last output (finish_reason ABORT) follows within a step or two."""
+
+    def is_alive(self) -> bool:
+        """False once the engine thread has ended: nothing submitted will produce output."""

@@ -96,6 +96,8 @@ class GenerationHandler:
         while True:
             if time.monotonic() >= next_cancel_check:
                 next_cancel_check = time.monotonic() + CANCEL_POLL_S
+                if not self.engine.is_alive():
+                    return Outcome(text_stream.text, num_tokens, None, ErrorInfo("The engine stopped.", "server_error"))
                 if is_cancel_requested(self.redis, self.config, request.request_id):
                     self.engine.cancel(request.request_id)
             try:

@@ -1,9 +1,10 @@
-"""The worker's liveness lease in Redis, renewed from its own thread while the process lives."""
+"""The worker's liveness lease in Redis, renewed from its own thread while the worker is healthy."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import redis
 
@@ -15,8 +16,9 @@ RENEWALS_PER_LEASE = 3  # a lease survives two missed renewals
 
 
 class WorkerLease:
-    def __init__(self, client: redis.Redis, config: Config, worker: str) -> None:
+    def __init__(self, client: redis.Redis, config: Config, worker: str, is_healthy: Callable[[], bool]) -> None:
         self.worker = worker
+        self._is_healthy = is_healthy
         self._client = client
         self._config = config
         self._stopped = threading.Event()
@@ -31,6 +33,9 @@ class WorkerLease:
 
     def _renew_forever(self) -> None:
         while not self._stopped.wait(self._config.worker_lease_s / RENEWALS_PER_LEASE):
+            if not self._is_healthy():
+                logger.error("%s is unhealthy; letting its lease lapse so its requests fail", self.worker)
+                return
             try:
                 renew_worker_lease(self._client, self._config, self.worker)
             except redis.RedisError as exc:
