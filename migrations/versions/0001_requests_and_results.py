@@ -27,7 +27,6 @@ def upgrade() -> None:
         sa.Column("prompt_tokens", sa.Integer(), nullable=False),
         sa.Column("created", sa.Integer(), nullable=False),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("worker", sa.String(256), nullable=True),
     )
     op.create_index("ix_requests_status", "requests", ["status"])
     op.create_table(

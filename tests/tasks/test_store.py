@@ -69,3 +69,19 @@ def test_abort_and_error_map_to_statuses(session: Session) -> None:
     assert get_request(session, "chatcmpl-c").status == "failed"  # type: ignore[union-attr]
     assert claim_request(session, "chatcmpl-c", "w1") == RequestStatus.FAILED
     assert claim_request(session, "chatcmpl-missing", "w1") is None
+
+
+def test_migrations_upgrade_a_database_made_at_the_first_revision(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    from tasks.config import REPO_ROOT
+
+    database_url = f"sqlite:///{tmp_path / 'old.db'}"
+    alembic_config = AlembicConfig(str(REPO_ROOT / "alembic.ini"))
+    alembic_config.set_main_option("sqlalchemy.url", database_url)
+    command.upgrade(alembic_config, "0001")
+    upgrade_to_head(database_url)
+    columns = {column["name"] for column in inspect(make_db_engine(database_url)).get_columns("requests")}
+    assert "worker" in columns
+    command.downgrade(alembic_config, "base")
