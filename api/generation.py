@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable, Iterator
 
 from flask import Response, jsonify, request
 
@@ -102,10 +103,22 @@ def cancel_generation(request_id: str, prompt_tokens: int) -> None:
             append_event(svc.redis, svc.config, request_id, final)
 
 
-def _stream(record: RequestRecord) -> Response:
+def request_frames(record: RequestRecord, after_id: str, on_timeout: Callable[[], None] | None = None) -> Iterator[str]:
+    """The SSE frames of a request's stream after `after_id`; a quiet stream checks its worker is alive."""
     svc = services()
-    key = RedisKeys(svc.config.redis_prefix).request_stream(record.id)
+    return relay_frames(
+        svc.redis,
+        RedisKeys(svc.config.redis_prefix).request_stream(record.id),
+        StreamMeta.of(record),
+        after_id,
+        heartbeat_s=svc.config.sse_heartbeat_s,
+        timeout_s=svc.config.request_timeout_s,
+        on_timeout=on_timeout,
+        on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id),
+    )
 
+
+def _stream(record: RequestRecord) -> Response:
     def cancel() -> None:
         logger.info("stream of %s ended early; cancelling it", record.id)
         try:
@@ -113,17 +126,7 @@ def _stream(record: RequestRecord) -> Response:
         except Exception:  # the client is gone; nobody to tell but the log
             logger.exception("could not cancel %s", record.id)
 
-    frames = relay_frames(
-        svc.redis,
-        key,
-        StreamMeta.of(record),
-        STREAM_START,
-        heartbeat_s=svc.config.sse_heartbeat_s,
-        timeout_s=svc.config.request_timeout_s,
-        on_timeout=cancel,
-        on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id),
-    )
-    return sse_response(frames, on_abandon=cancel)
+    return sse_response(request_frames(record, STREAM_START, on_timeout=cancel), on_abandon=cancel)
 
 
 def _wait(record: RequestRecord) -> Response:

@@ -5,12 +5,11 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify
 
 from api.errors import APIError
-from api.generation import cancel_generation
-from api.responses import StreamMeta, request_object
+from api.generation import cancel_generation, request_frames
+from api.responses import request_object
 from api.services import db_session, services
-from api.sse import last_event_id, relay_frames, sse_frame, sse_response
+from api.sse import last_event_id, sse_frame, sse_response
 from tasks.models import RequestRecord
-from tasks.orphans import fail_if_orphaned
 from tasks.store import get_request
 from tasks.streams import RedisKeys
 
@@ -41,16 +40,7 @@ def request_events(request_id: str) -> Response:
             raise APIError(410, "The event stream has expired; GET the request for its result.", code="stream_expired")
         if not svc.redis.xrange(key, min=f"({after_id}", count=1):
             return sse_response(iter([sse_frame("[DONE]", after_id)]))  # resumed after the final event
-    frames = relay_frames(
-        svc.redis,
-        key,
-        StreamMeta.of(record),
-        after_id,
-        heartbeat_s=svc.config.sse_heartbeat_s,
-        timeout_s=svc.config.request_timeout_s,
-        on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, request_id),
-    )
-    return sse_response(frames)
+    return sse_response(request_frames(record, after_id))
 
 
 @bp.post("/v1/requests/<request_id>/cancel")
