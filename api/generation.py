@@ -16,20 +16,12 @@ from api.schemas import GenerationFields
 from api.services import db_session, services
 from api.sse import relay_frames, sse_response
 from tasks.celery_app import enqueue_generate
-from tasks.messages import (
-    Endpoint,
-    ErrorInfo,
-    EventType,
-    FinishReason,
-    GenerateRequest,
-    SamplingParams,
-    StreamEvent,
-    Usage,
-)
+from tasks.finish import finish_request
+from tasks.messages import Endpoint, ErrorInfo, FinishReason, GenerateRequest, SamplingParams
 from tasks.models import RequestRecord, RequestStatus
 from tasks.orphans import fail_if_orphaned
-from tasks.store import create_request, finish_if_queued, get_request, record_result
-from tasks.streams import STREAM_START, RedisKeys, append_event, request_cancel, wait_for_final
+from tasks.store import cancel_if_queued, create_request, get_request, record_result
+from tasks.streams import STREAM_START, RedisKeys, request_cancel, wait_for_final
 
 logger = logging.getLogger(__name__)
 ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-"}
@@ -93,14 +85,13 @@ def _record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Reques
     return record
 
 
-def cancel_generation(request_id: str, prompt_tokens: int) -> None:
+def cancel_generation(request_id: str) -> None:
     """Stop a request wherever it is: a running one through its cancel flag, a queued one right here."""
     svc = services()
     request_cancel(svc.redis, svc.config, request_id)
     with svc.sessions() as session:
-        if finish_if_queued(session, request_id):
-            final = StreamEvent(EventType.FINAL, finish_reason=FinishReason.ABORT, usage=Usage(prompt_tokens, 0))
-            append_event(svc.redis, svc.config, request_id, final)
+        if cancel_if_queued(session, request_id):
+            finish_request(session, svc.redis, svc.config, request_id, finish_reason=FinishReason.ABORT)
 
 
 def request_frames(record: RequestRecord, after_id: str, on_timeout: Callable[[], None] | None = None) -> Iterator[str]:
@@ -122,7 +113,7 @@ def _stream(record: RequestRecord) -> Response:
     def cancel() -> None:
         logger.info("stream of %s ended early; cancelling it", record.id)
         try:
-            cancel_generation(record.id, record.prompt_tokens)
+            cancel_generation(record.id)
         except Exception:  # the client is gone; nobody to tell but the log
             logger.exception("could not cancel %s", record.id)
 
@@ -137,7 +128,7 @@ def _wait(record: RequestRecord) -> Response:
         fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
 
     if wait_for_final(svc.redis, key, svc.config.request_timeout_s, on_idle=check_worker) is None:
-        cancel_generation(record.id, record.prompt_tokens)
+        cancel_generation(record.id)
         raise APIError(504, "The request timed out; it was cancelled.", type="timeout", code="timeout")
     session = db_session()
     session.expire_all()

@@ -8,10 +8,11 @@ import redis
 
 from tasks.config import Config
 from tasks.db import SessionFactory
-from tasks.messages import ErrorInfo, EventType, StreamEvent, Usage
+from tasks.finish import finish_request
+from tasks.messages import ErrorInfo
 from tasks.models import RequestStatus
-from tasks.store import get_request, record_result
-from tasks.streams import append_event, is_worker_alive, request_cancel
+from tasks.store import get_request
+from tasks.streams import is_worker_alive, request_cancel
 
 logger = logging.getLogger(__name__)
 WORKER_LOST = ErrorInfo("The worker running this request stopped; it was not finished.", "server_error", None,
@@ -27,12 +28,5 @@ def fail_if_orphaned(sessions: SessionFactory, client: redis.Redis, config: Conf
         if is_worker_alive(client, config, record.worker):
             return False
         logger.warning("worker %s stopped renewing its lease; failing %s", record.worker, request_id)
-        recorded = record_result(
-            session, request_id, text="", completion_tokens=0, finish_reason=None, error=WORKER_LOST
-        )
-        prompt_tokens = record.prompt_tokens
-    if recorded:
         request_cancel(client, config, request_id)  # if the worker was only slow, it stops now
-        final = StreamEvent(EventType.FINAL, usage=Usage(prompt_tokens, 0), error=WORKER_LOST)
-        append_event(client, config, request_id, final)
-    return recorded
+        return finish_request(session, client, config, request_id, error=WORKER_LOST)

@@ -68,17 +68,15 @@ def record_result(
     return True
 
 
-def finish_if_queued(session: Session, request_id: str) -> bool:
-    """Cancel a request no worker has taken yet; True if this call ended it."""
+def cancel_if_queued(session: Session, request_id: str) -> bool:
+    """Mark cancelled a request no worker has taken yet; True if this call did (its result is the caller's to add)."""
     claimed = session.execute(
         update(RequestRecord)
         .where(RequestRecord.id == request_id, RequestRecord.status == RequestStatus.QUEUED.value)
         .values(status=RequestStatus.CANCELLED.value)
     )
     session.commit()
-    if claimed.rowcount != 1:
-        return False
-    return record_result(session, request_id, text="", completion_tokens=0, finish_reason=FinishReason.ABORT)
+    return claimed.rowcount == 1
 
 
 def _final_status(finish_reason: FinishReason | None, error: ErrorInfo | None) -> RequestStatus:

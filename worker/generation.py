@@ -12,9 +12,10 @@ from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
 from tasks.db import SessionFactory
-from tasks.messages import ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, Usage
+from tasks.finish import finish_request
+from tasks.messages import ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent
 from tasks.models import TERMINAL_STATUSES, RequestStatus
-from tasks.store import claim_request, record_result
+from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
 from worker.engine import Engine, EngineOutput, EngineRequest
 from worker.text_stream import TextStream
@@ -122,22 +123,20 @@ class GenerationHandler:
         append_event(self.redis, self.config, request_id, event)
 
     def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
-        # SQL first: whoever sees the final event can read the result. Only the writer of the one result streams it.
         with self.sessions() as session:
-            recorded = record_result(
+            is_recorded = finish_request(
                 session,
+                self.redis,
+                self.config,
                 request.request_id,
                 text=outcome.text,
                 completion_tokens=outcome.completion_tokens,
                 finish_reason=outcome.finish_reason,
                 error=outcome.error,
             )
-        if not recorded:
+        if not is_recorded:
             logger.warning("request %s already had a result; this run's is dropped", request.request_id)
             return
-        usage = Usage(len(request.prompt_token_ids), outcome.completion_tokens)
-        final = StreamEvent(EventType.FINAL, finish_reason=outcome.finish_reason, usage=usage, error=outcome.error)
-        self._emit(request.request_id, final)
         logger.info(
             "request %s finished: %s, %d tokens",
             request.request_id,

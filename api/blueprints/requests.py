@@ -47,7 +47,7 @@ def request_events(request_id: str) -> Response:
 def cancel_request(request_id: str) -> Response:
     record = _find(request_id)
     if not record.is_finished:
-        cancel_generation(request_id, record.prompt_tokens)
+        cancel_generation(request_id)
         db_session().expire_all()
         record = _find(request_id)
     return jsonify(request_object(record))

@@ -1,0 +1,38 @@
+"""The one way a request ends: its result in SQL, then its final stream event, both only once."""
+
+from __future__ import annotations
+
+import redis
+from sqlalchemy.orm import Session
+
+from tasks.config import Config
+from tasks.messages import ErrorInfo, EventType, FinishReason, StreamEvent, Usage
+from tasks.models import RequestRecord
+from tasks.store import record_result
+from tasks.streams import append_event
+
+
+def finish_request(
+    session: Session,
+    client: redis.Redis,
+    config: Config,
+    request_id: str,
+    *,
+    text: str = "",
+    completion_tokens: int = 0,
+    finish_reason: FinishReason | None = None,
+    error: ErrorInfo | None = None,
+) -> bool:
+    """True if this call ended the request; False, streaming nothing, if another writer already had.
+
+    SQL first, so whoever sees the final event can read the result; only the writer of the one result streams
+    the final event, so a stream never carries two."""
+    recorded = record_result(
+        session, request_id, text=text, completion_tokens=completion_tokens, finish_reason=finish_reason, error=error
+    )
+    if recorded:
+        prompt_tokens = session.get(RequestRecord, request_id).prompt_tokens  # type: ignore[union-attr]
+        usage = Usage(prompt_tokens, completion_tokens)
+        final = StreamEvent(EventType.FINAL, finish_reason=finish_reason, usage=usage, error=error)
+        append_event(client, config, request_id, final)
+    return recorded
