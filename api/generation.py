@@ -127,7 +127,10 @@ def _wait(record: RequestRecord) -> Response:
     def check_worker() -> None:
         fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
 
-    if wait_for_final(svc.redis, key, svc.config.request_timeout_s, on_idle=check_worker) is None:
+    final = wait_for_final(
+        svc.redis, key, idle_s=svc.config.sse_heartbeat_s, timeout_s=svc.config.request_timeout_s, on_idle=check_worker
+    )
+    if final is None:
         cancel_generation(record.id)
         raise APIError(504, "The request timed out; it was cancelled.", type="timeout", code="timeout")
     session = db_session()

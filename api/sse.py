@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Callable, Iterator
 
 import redis
@@ -14,7 +13,7 @@ from flask import Response, request, stream_with_context
 from api.errors import APIError
 from api.responses import StreamMeta, stream_chunks
 from tasks.messages import ErrorInfo, EventType
-from tasks.streams import STREAM_START, read_events
+from tasks.streams import STREAM_START, DeadlinePassed, follow_events
 
 logger = logging.getLogger(__name__)
 ENTRY_ID = re.compile(r"^\d+-\d+$")
@@ -48,14 +47,9 @@ def relay_frames(
 
     Only the last frame made from a stream entry carries its id, so a client that drops between the frames of one
     entry resumes before that entry and misses none of them."""
-    deadline = time.monotonic() + timeout_s
     try:
-        for item in read_events(client, key, after_id, int(heartbeat_s * 1000)):
-            if time.monotonic() >= deadline:
-                yield from _timed_out(on_timeout)
-                return
+        for item in follow_events(client, key, after_id, idle_s=heartbeat_s, timeout_s=timeout_s, on_idle=on_idle):
             if item is None:
-                on_idle()
                 yield ": keep-alive\n\n"
                 continue
             entry_id, event = item
@@ -64,8 +58,8 @@ def relay_frames(
                 payloads.append("[DONE]")
             for index, payload in enumerate(payloads):
                 yield sse_frame(payload, entry_id if index == len(payloads) - 1 else None)
-            if event.type == EventType.FINAL:
-                return
+    except DeadlinePassed:
+        yield from _timed_out(on_timeout)
     except redis.exceptions.RedisError as exc:
         logger.warning("stream %s broke off: %s", key, exc)
         error = ErrorInfo("The event stream was interrupted; reconnect with Last-Event-ID.", "service_unavailable")

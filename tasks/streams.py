@@ -63,19 +63,44 @@ def read_events(
             yield entry_id, StreamEvent.from_dict(json.loads(fields["event"]))
 
 
-def wait_for_final(
-    client: redis.Redis, key: str, timeout_s: float, on_idle: Callable[[], object] = lambda: None
-) -> StreamEvent | None:
-    """Block until the request's final event; None if `timeout_s` passes first. `on_idle` runs on each quiet second."""
+class DeadlinePassed(Exception):
+    """The stream did not reach its final event in time."""
+
+
+def follow_events(
+    client: redis.Redis,
+    key: str,
+    after_id: str,
+    *,
+    idle_s: float,
+    timeout_s: float,
+    on_idle: Callable[[], object] = lambda: None,
+) -> Iterator[tuple[str, StreamEvent] | None]:
+    """Entries after `after_id` through the final one; None after each quiet `idle_s`, once `on_idle` has run.
+
+    Raises DeadlinePassed when `timeout_s` runs out first (noticed within `idle_s`)."""
     deadline = time.monotonic() + timeout_s
-    for item in read_events(client, key, STREAM_START, block_ms=1000):
-        if item is not None and item[1].type == EventType.FINAL:
-            return item[1]
+    for item in read_events(client, key, after_id, int(idle_s * 1000)):
         if time.monotonic() >= deadline:
-            return None
+            raise DeadlinePassed(key)
         if item is None:
             on_idle()
-    return None
+        yield item
+        if item is not None and item[1].type == EventType.FINAL:
+            return
+
+
+def wait_for_final(
+    client: redis.Redis, key: str, *, idle_s: float, timeout_s: float, on_idle: Callable[[], object] = lambda: None
+) -> StreamEvent | None:
+    """The request's final event; None if `timeout_s` passes first."""
+    try:
+        for item in follow_events(client, key, STREAM_START, idle_s=idle_s, timeout_s=timeout_s, on_idle=on_idle):
+            if item is not None and item[1].type == EventType.FINAL:
+                return item[1]
+    except DeadlinePassed:
+        return None
+    raise AssertionError("follow_events ends only at the final event")
 
 
 def request_cancel(client: redis.Redis, config: Config, request_id: str) -> None:

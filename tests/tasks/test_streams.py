@@ -26,7 +26,7 @@ def test_events_read_back_in_order_and_resume_after_an_id(redis_url: str) -> Non
     after_second = read_events(client, key, ids[1], block_ms=100)
     assert [next(after_second)[1].text for _ in range(3)] == ["2", "3", "4"]  # type: ignore[index]
     assert 0 < client.ttl(key) <= 60
-    final = wait_for_final(client, key, timeout_s=1)
+    final = wait_for_final(client, key, idle_s=0.1, timeout_s=1)
     assert final is not None and final.finish_reason == FinishReason.STOP
     client.delete(key)
 
