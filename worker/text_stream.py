@@ -13,16 +13,19 @@ class TextStream:
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
         self._stops = StopStringMatcher(stops)
         self.text = ""
-        self.is_stopped = False
+
+    @property
+    def is_stopped(self) -> bool:
+        return self._stops.is_stopped
 
     def push(self, token_ids: list[int]) -> str:
-        """The new text safe to show; sets is_stopped when a stop string appeared."""
-        new_text, self.is_stopped = self._stops.feed(self._detokenizer.push(token_ids))
+        """The new text safe to show; is_stopped turns true when a stop string appeared."""
+        new_text, _ = self._stops.feed(self._detokenizer.push(token_ids))
         self.text += new_text
         return new_text
 
     def flush(self) -> str:
-        """Held-back text, once generation has ended without a stop string."""
-        tail = "" if self.is_stopped else self._stops.flush()
+        """Held-back text, once generation has ended (none after a stop string)."""
+        tail = self._stops.flush()
         self.text += tail
         return tail
