@@ -1,5 +1,5 @@
 # One image for the api, the worker and Flower; the command picks the role.
-# Build on a GPU host with the CUDA build of torch (PyPI's Linux wheel of torch 2.13.0 is CUDA-enabled).
+# For GPUs, point pip at the CUDA build of torch 2.13.0 that matches the host's driver (PIP_INDEX_URL).
 FROM python:3.11-slim
 WORKDIR /app
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
