@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterator
 from flask import Response, jsonify, request
 
 from api.errors import APIError
-from api.prompts import resolve_max_tokens
 from api.responses import StreamMeta, completion_object
+from api.sampling import sampling_params
 from api.schemas import GenerationFields
 from api.services import db_session, services
 from api.sse import relay_frames, sse_response
 from tasks.celery_app import enqueue_generate
 from tasks.finish import finish_request
-from tasks.messages import Endpoint, ErrorInfo, FinishReason, GenerateRequest, SamplingParams
+from tasks.messages import Endpoint, ErrorInfo, FinishReason, GenerateRequest
 from tasks.models import RequestRecord, RequestStatus
 from tasks.orphans import fail_if_orphaned
 from tasks.store import cancel_if_queued, create_request, get_request, record_result
@@ -40,14 +40,7 @@ def check_model_name(name: str) -> None:
 
 def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict) -> Response:
     info = services().model_info
-    sampling = SamplingParams(
-        max_tokens=resolve_max_tokens(info, len(prompt_ids), fields.requested_max_tokens),
-        temperature=fields.temperature,
-        top_p=fields.top_p,
-        seed=fields.seed,
-        stop=fields.stop_strings,
-        ignore_eos=fields.ignore_eos,
-    )
+    sampling = sampling_params(info, fields, len(prompt_ids))
     generate_request = GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
         endpoint=endpoint,

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_TOKEN_IDS = 64
+MAX_TOP_LOGPROBS = 20
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
@@ -37,7 +39,7 @@ class ChatMessage(StrictModel):
 
 
 class GenerationFields(StrictModel):
-    """Fields shared by chat and completions; those not honoured yet accept only their default."""
+    """Fields shared by chat and completions, OpenAI's and vLLM's extra sampling parameters."""
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -48,12 +50,18 @@ class GenerationFields(StrictModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
-    ignore_eos: bool = False  # vLLM's extra parameter
+    # vLLM's extra parameters
+    ignore_eos: bool = False
+    top_k: int = Field(0, ge=-1, description="0 or -1: off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
 
-    @field_validator("n", "presence_penalty", "frequency_penalty")
+    @field_validator("n")
     @classmethod
     def _defaults_only(cls, value: float, info: ValidationInfo) -> float:
         default = GenerationFields.model_fields[info.field_name].default
@@ -86,28 +94,38 @@ class GenerationFields(StrictModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    @property
+    def num_logprobs(self) -> int | None:
+        """None: no logprobs; k: the sampled token's and the top k."""
+        return None
+
 
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = Field(False, description="logprobs are not supported yet")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    @field_validator("logprobs")
+    @field_validator("top_logprobs")
     @classmethod
-    def _no_logprobs(cls, logprobs: bool) -> bool:
-        if logprobs:
-            raise ValueError("logprobs are not supported yet")
-        return logprobs
+    def _top_logprobs_needs_logprobs(cls, top_logprobs: int | None, info: ValidationInfo) -> int | None:
+        if top_logprobs is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return top_logprobs
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("prompt")
     @classmethod
@@ -120,9 +138,13 @@ class CompletionRequest(GenerationFields):
             raise ValueError("prompt must not be empty")
         return prompt
 
-    @field_validator("echo", "logprobs")
+    @field_validator("echo")
     @classmethod
-    def _not_yet(cls, value: bool | int | None) -> bool | int | None:
-        if value:
-            raise ValueError("not supported yet")
-        return value
+    def _no_echo(cls, echo: bool) -> bool:
+        if echo:
+            raise ValueError("echo is not supported yet")
+        return echo
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs

@@ -29,7 +29,12 @@ class Config:
     request_timeout_s: float = 600.0
     worker_concurrency: int = 32
     worker_lease_s: float = 15.0  # a worker silent this long is dead: its running requests fail
-    max_batch_size: int = 32
+    max_num_seqs: int = 32  # requests the engine runs at once
+    max_num_batched_tokens: int = 2048  # tokens per forward pass: the step's budget, decodes and prefill chunks
+    prefill_chunk_size: int = 512  # a long prompt is prefilled this many tokens per step, so decodes keep flowing
+    kv_block_size: int = 0  # tokens per KV block; 0: 256 for flash-attn's paged kernels, else 16
+    kv_cache_tokens: int = 0  # KV pool size; 0: from kv_cache_memory_fraction on cuda, max_num_seqs x context on cpu
+    kv_cache_memory_fraction: float = 0.85  # of the device memory left free after loading the model (cuda)
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     host: str = "127.0.0.1"

@@ -28,10 +28,21 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # vLLM's extra parameter: generate max_tokens whatever the model says
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability
+    repetition_penalty: float = 1.0  # vLLM's: divides positive logits (multiplies negative) of seen tokens
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from each token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per occurrence in the generated text
+    min_tokens: int = 0  # EOS and stop token ids are masked until this many tokens exist
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids)}

@@ -8,12 +8,16 @@ from typing import Protocol
 
 from tasks.messages import FinishReason, SamplingParams
 
+INTERACTIVE_PRIORITY = 0
+BULK_PRIORITY = 1
+
 
 @dataclass(frozen=True)
 class EngineRequest:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
+    priority: int = INTERACTIVE_PRIORITY  # lower runs first; bulk lines yield to chat
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,16 @@ def test_defaults_use_embedded_redis_and_sqlite() -> None:
 
 
 def test_environment_overrides_with_types() -> None:
-    config = Config.from_env({"REDIS_URL": "redis://h:1/2", "MAX_BATCH_SIZE": "8", "SSE_HEARTBEAT_S": "2.5"})
+    config = Config.from_env({"REDIS_URL": "redis://h:1/2", "MAX_NUM_SEQS": "8", "SSE_HEARTBEAT_S": "2.5"})
     assert not config.is_redis_embedded
-    assert (config.redis_url, config.max_batch_size, config.sse_heartbeat_s) == ("redis://h:1/2", 8, 2.5)
+    assert (config.redis_url, config.max_num_seqs, config.sse_heartbeat_s) == ("redis://h:1/2", 8, 2.5)
 
 
 def test_bad_number_names_the_variable() -> None:
-    with pytest.raises(ValueError, match="MAX_BATCH_SIZE"):
-        Config.from_env({"MAX_BATCH_SIZE": "many"})
+    with pytest.raises(ValueError, match="MAX_NUM_SEQS"):
+        Config.from_env({"MAX_NUM_SEQS": "many"})
 
 
 def test_to_env_reproduces_the_config() -> None:
-    config = Config(model="/m/llama", max_batch_size=3, redis_url="redis://x:1/0", is_redis_embedded=False)
+    config = Config(model="/m/llama", max_num_seqs=3, redis_url="redis://x:1/0", is_redis_embedded=False)
     assert Config.from_env(config.to_env()) == config

@@ -9,4 +9,4 @@ from tasks.config import Config
 
 @pytest.fixture(scope="session")
 def tiny_config(tiny_model_dir: Path) -> Config:
-    return Config(model=str(tiny_model_dir), max_batch_size=8)
+    return Config(model=str(tiny_model_dir), max_num_seqs=8)

@@ -1,0 +1,35 @@
+"""SamplingParams from a validated request body: the one place chat, completions and batch lines build them."""
+
+from __future__ import annotations
+
+from api.errors import APIError
+from api.prompts import ModelInfo, resolve_max_tokens
+from api.schemas import GenerationFields
+from tasks.messages import SamplingParams
+
+
+def sampling_params(info: ModelInfo, fields: GenerationFields, num_prompt_tokens: int) -> SamplingParams:
+    """Raises APIError (400, with `param`) for values that only make sense against the model or each other."""
+    max_tokens = resolve_max_tokens(info, num_prompt_tokens, fields.requested_max_tokens)
+    if fields.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({fields.min_tokens}) exceeds max_tokens ({max_tokens})", param="min_tokens")
+    vocab_size = len(info.tokenizer)
+    stop_token_ids = tuple(fields.stop_token_ids or ())
+    if any(not 0 <= token < vocab_size for token in stop_token_ids):
+        raise APIError(400, f"stop_token_ids must lie in [0, {vocab_size})", param="stop_token_ids")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=fields.temperature,
+        top_p=fields.top_p,
+        seed=fields.seed,
+        stop=fields.stop_strings,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=fields.ignore_eos,
+        top_k=max(fields.top_k, 0),
+        min_p=fields.min_p,
+        repetition_penalty=fields.repetition_penalty,
+        presence_penalty=fields.presence_penalty,
+        frequency_penalty=fields.frequency_penalty,
+        min_tokens=fields.min_tokens,
+        logprobs=fields.num_logprobs,
+    )
