@@ -1,1 +1,1 @@
-"""Continuous-batching bookkeeping (pure Python, no torch): arrives with the continuous-batching engine."""
+"""Continuous-batching bookkeeping, pure Python (no torch): requests, the scheduler, the KV block pool."""

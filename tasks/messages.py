@@ -54,6 +54,23 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model, and the `top` most likely (token_id, logprob) pairs."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token_id": self.token_id, "logprob": self.logprob, "top": [list(pair) for pair in self.top]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TokenLogprob:
+        top = tuple((int(token_id), float(logprob)) for token_id, logprob in data.get("top", ()))
+        return cls(int(data["token_id"]), float(data["logprob"]), top)
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """What the api hands the worker: a tokenized prompt and how to sample it."""
 

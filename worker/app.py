@@ -15,7 +15,7 @@ from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
 from tasks.messages import GenerateRequest
 from tasks.streams import connect_redis
-from worker.batch_engine import BatchEngine
+from worker.continuous_engine import ContinuousEngine
 from worker.generation import GenerationHandler
 from worker.lease import WorkerLease
 from worker.model_runner import ModelRunner
@@ -27,7 +27,7 @@ celery = create_celery(config)
 
 @dataclass
 class WorkerRuntime:
-    engine: BatchEngine
+    engine: ContinuousEngine
     handler: GenerationHandler
     lease: WorkerLease
 
@@ -38,7 +38,7 @@ _runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the poo
 @worker_init.connect
 def load_model(sender: WorkController, **_: object) -> None:
     configure_logging(config)
-    engine = BatchEngine(ModelRunner(config), max_batch_size=config.max_batch_size)
+    engine = ContinuousEngine(ModelRunner(config), config)
     engine.start()
     client = connect_redis(config)
     handler = GenerationHandler(
@@ -52,7 +52,7 @@ def load_model(sender: WorkController, **_: object) -> None:
     lease = WorkerLease(client, config, sender.hostname, is_healthy=engine.is_alive)
     lease.start()
     _runtime.append(WorkerRuntime(engine, handler, lease))
-    logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_batch_size)
+    logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_num_seqs)
 
 
 @worker_shutdown.connect

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tasks.messages import FinishReason, SamplingParams
+from tasks.messages import FinishReason, SamplingParams, TokenLogprob
 
 INTERACTIVE_PRIORITY = 0
 BULK_PRIORITY = 1
@@ -28,6 +28,7 @@ class EngineOutput:
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
 
     @property
     def is_finished(self) -> bool:

@@ -1,4 +1,4 @@
-"""Loads the HF causal LM once and runs its forward passes (prefill and decode) over a DynamicCache."""
+"""Loads the HF causal LM once, allocates the KV pool, and runs one packed forward pass per engine step."""
 
 from __future__ import annotations
 
@@ -6,12 +6,18 @@ import logging
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from scheduler.batch import Batch
 from tasks.config import Config
+from worker.kv_pool import KVPool, KVShape, num_pool_tokens
+from worker.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_available, register_paged_attention
+from worker.paged_step import build_paged_step
 
 logger = logging.getLogger(__name__)
 
+SDPA_BLOCK_SIZE = 16
+FLASH_BLOCK_SIZE = 256  # flash-attn 2 requires paged KV blocks of a multiple of 256 tokens
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -41,17 +47,23 @@ def read_eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
 
 
 class ModelRunner:
-    """Owns the model on one device; every method must be called from the engine thread."""
+    """Owns the model and the KV pool on one device; every method must be called from the engine thread."""
 
     def __init__(self, config: Config) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        register_paged_attention()
+        self.attention_backend = FLASH_BACKEND if is_flash_available(self.device) else SDPA_BACKEND
         started = time.perf_counter()
-        self.model = AutoModelForCausalLM.from_pretrained(config.model, dtype=self.dtype).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            config.model, dtype=self.dtype, attn_implementation=self.attention_backend
+        )
+        self.model.to(self.device).eval()
         self.eos_token_ids = read_eos_token_ids(self.model)
         self.max_model_len = config.max_model_len or int(self.model.config.max_position_embeddings)
+        self.kv_pool = self._allocate_kv_pool(config)
         logger.info(
-            "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s",
+            "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s",
             config.model,
             self.device,
             self.dtype,
@@ -59,26 +71,42 @@ class ModelRunner:
             time.perf_counter() - started,
             self.max_model_len,
             sorted(self.eos_token_ids),
+            self.attention_backend,
         )
 
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+    @property
+    def is_flash(self) -> bool:
+        return self.attention_backend == FLASH_BACKEND
+
+    def _allocate_kv_pool(self, config: Config) -> KVPool:
+        block_size = config.kv_block_size or (FLASH_BLOCK_SIZE if self.is_flash else SDPA_BLOCK_SIZE)
+        if self.is_flash and block_size % FLASH_BLOCK_SIZE:
+            raise ValueError(f"flash-attn's paged kernels need KV_BLOCK_SIZE to be a multiple of {FLASH_BLOCK_SIZE}")
+        shape = KVShape.of(self.model.config)
+        num_tokens = num_pool_tokens(config, shape, self.dtype, self.device, self.max_model_len)
+        num_blocks = num_tokens // block_size
+        if num_blocks < 1:
+            raise ValueError(f"the KV pool holds {num_tokens} tokens, less than one block of {block_size}")
+        pool = KVPool(shape, num_blocks, block_size, self.dtype, self.device)
+        logger.info(
+            "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB)",
+            num_blocks,
+            block_size,
+            num_blocks * block_size,
+            pool.num_bytes / 2**20,
+        )
+        return pool
 
     @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [B, T]
-        attention_mask: torch.Tensor,  # [B, past + T], 0 on left padding
-        position_ids: torch.Tensor,  # [B, T]
-        cache: DynamicCache,
-    ) -> torch.Tensor:
-        """Runs the model over the new tokens, appending their K/V to `cache`; returns the last position's logits."""
+    def run(self, batch: Batch) -> torch.Tensor:
+        """One forward pass over every scheduled chunk; returns the logits of the sampling chunks, [S, V] float."""
+        step = build_paged_step(batch, self.kv_pool.block_size, self.device, for_flash=self.is_flash)
         output = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
+            input_ids=step.input_ids,
+            position_ids=step.position_ids,
+            use_cache=False,
+            logits_to_keep=step.logits_indices,
+            paged_step=step,
+            kv_pool=self.kv_pool,
         )
-        return output.logits[:, -1, :].float()  # [B, V]
+        return output.logits[0].float()  # [S, V]

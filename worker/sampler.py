@@ -1,54 +1,118 @@
-"""Picks the next token per row: greedy, or temperature + top-p (nucleus) sampling with the row's own generator."""
+"""Picks each row's next token on the device: penalties, min_tokens, temperature, top-k / top-p / min-p, a draw
+from the row's own generator, and the logprobs the request asked for.
+
+Logprobs are those of the model's raw distribution (before penalties and temperature), as vLLM reports by default.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from tasks.messages import SamplingParams
+from tasks.messages import SamplingParams, TokenLogprob
 
 
-def sample_next_tokens(
-    logits: torch.Tensor,  # [B, V] float
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-) -> torch.Tensor:
-    """Returns the next token per row, [B] long.
-
-    A row's draw uses only its own generator (None: torch's default one), so a seeded request samples the same
-    tokens whatever else shares the batch. Rows that share a generator object are drawn together.
-    """
-    tokens = logits.argmax(dim=-1)  # [B]
-    sampled_rows = [row for row, p in enumerate(params) if not p.is_greedy]
-    if not sampled_rows:
-        return tokens
-    rows = torch.tensor(sampled_rows, device=logits.device)
-    temperature = torch.tensor([params[r].temperature for r in sampled_rows], device=logits.device)
-    top_p = torch.tensor([params[r].top_p for r in sampled_rows], device=logits.device)
-    probs = nucleus_probs(logits[rows] / temperature[:, None], top_p)  # [S, V]
-    for generator, positions in group_by_generator([generators[r] for r in sampled_rows]).items():
-        draws = torch.multinomial(probs[positions], num_samples=1, generator=generator).squeeze(1)
-        tokens[rows[positions]] = draws
-    return tokens
+@dataclass(frozen=True)
+class SamplingRow:
+    params: SamplingParams
+    generator: torch.Generator | None  # None: torch's default generator
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    suppressed_token_ids: tuple[int, ...] = ()  # masked this step (stop tokens before min_tokens)
 
 
-def nucleus_probs(
-    logits: torch.Tensor,  # [S, V]
-    top_p: torch.Tensor,  # [S]
-) -> torch.Tensor:
-    """Softmax over the smallest set of tokens whose probability reaches top_p; the top token is always kept."""
-    sorted_logits, sorted_indices = logits.sort(dim=-1, descending=True)
+@dataclass(frozen=True)
+class SampledTokens:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampledTokens:
+    """`logits` [S, V] float, row i belonging to rows[i]."""
+    raw_logits = logits
+    logits = apply_penalties(logits, rows)
+    logits = suppress_tokens(logits, rows)
+    tokens = logits.argmax(dim=-1)  # [S]
+    sampled_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+    if sampled_rows:
+        index = torch.tensor(sampled_rows, device=logits.device)
+        probs = sampling_probs(logits[index], [rows[i].params for i in sampled_rows])  # [S', V]
+        draws = draw(probs, [rows[i].generator for i in sampled_rows])
+        tokens[index] = draws
+    token_ids = tokens.tolist()
+    return SampledTokens(token_ids, token_logprobs(raw_logits, token_ids, rows))
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """vLLM's repetition penalty over prompt and output; OpenAI's presence and frequency penalties over output."""
+    penalized = [i for i, row in enumerate(rows) if row.params.has_penalties]
+    if not penalized:
+        return logits
+    logits = logits.clone()
+    vocab_size = logits.shape[-1]
+    for i in penalized:
+        params = rows[i].params
+        row = logits[i]  # [V]
+        output_ids = torch.tensor(rows[i].output_token_ids, dtype=torch.long, device=logits.device)
+        counts = torch.bincount(output_ids, minlength=vocab_size)[:vocab_size].to(logits.dtype)  # [V]
+        if params.repetition_penalty != 1.0:
+            seen = counts > 0
+            seen[torch.tensor(rows[i].prompt_token_ids, dtype=torch.long, device=logits.device)] = True
+            penalty = params.repetition_penalty
+            row.copy_(torch.where(seen, torch.where(row > 0, row / penalty, row * penalty), row))
+        row.sub_(params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype))
+    return logits
+
+
+def suppress_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    suppressed = [(i, row.suppressed_token_ids) for i, row in enumerate(rows) if row.suppressed_token_ids]
+    if not suppressed:
+        return logits
+    logits = logits.clone()
+    for i, token_ids in suppressed:
+        logits[i, list(token_ids)] = float("-inf")
+    return logits
+
+
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p filtering, as probabilities [S, V]; the top token always survives."""
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    top_k = torch.tensor([p.top_k or logits.shape[-1] for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    min_p = torch.tensor([p.min_p for p in params], device=device)
+    sorted_logits, sorted_indices = (logits / temperature[:, None]).sort(dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
+    ranks = torch.arange(logits.shape[-1], device=device)[None, :]
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    is_outside = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+    is_outside = (ranks >= top_k[:, None]) | ((mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0))
+    is_outside |= sorted_probs < min_p[:, None] * sorted_probs[:, :1]
     is_outside[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(is_outside, float("-inf"))
-    filtered = torch.empty_like(logits).scatter_(-1, sorted_indices, sorted_logits)
-    return filtered.softmax(dim=-1)
+    return torch.empty_like(logits).scatter_(-1, sorted_indices, sorted_logits).softmax(dim=-1)
 
 
-def group_by_generator(generators: list[torch.Generator | None]) -> dict[torch.Generator | None, list[int]]:
-    """Positions of each distinct generator object, in order."""
-    groups: dict[torch.Generator | None, list[int]] = {}
-    for position, generator in enumerate(generators):
-        groups.setdefault(generator, []).append(position)
-    return groups
+def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row by the exponential race (argmax of p / Exp(1)), which is a draw from p; each row's noise
+    comes from its own generator, so a seeded row draws the same whatever else is in the batch."""
+    noise = torch.empty_like(probs)
+    for i, generator in enumerate(generators):
+        noise[i].exponential_(generator=generator)
+    return (probs / noise.clamp_(min=torch.finfo(probs.dtype).tiny)).argmax(dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], rows: list[SamplingRow]) -> list[TokenLogprob | None]:
+    wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+    result: list[TokenLogprob | None] = [None] * len(rows)
+    if not wanted:
+        return result
+    logprobs = logits[wanted].log_softmax(dim=-1)  # [W, V]
+    num_top = max(rows[i].params.logprobs or 0 for i in wanted)
+    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (logprobs[:, :0], logprobs[:, :0])
+    chosen = logprobs.gather(1, torch.tensor([[token_ids[i]] for i in wanted], device=logits.device))
+    for position, i in enumerate(wanted):
+        k = rows[i].params.logprobs or 0
+        top = tuple(zip(top_ids[position, :k].tolist(), top_values[position, :k].tolist(), strict=True))
+        result[i] = TokenLogprob(token_ids[i], float(chosen[position, 0]), top)
+    return result

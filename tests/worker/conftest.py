@@ -1,12 +1,64 @@
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.config import Config
+from tests.worker.engine_harness import SHORT_MAX_MODEL_LEN, load_runner, serve
+from worker.continuous_engine import ContinuousEngine
+from worker.model_runner import ModelRunner
 
 
 @pytest.fixture(scope="session")
 def tiny_config(tiny_model_dir: Path) -> Config:
-    return Config(model=str(tiny_model_dir), max_num_seqs=8)
+    return Config(model=str(tiny_model_dir), device="cpu", max_num_seqs=32, kv_cache_tokens=16384)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_config: Config) -> ModelRunner:
+    return load_runner(tiny_config)
+
+
+@pytest.fixture(scope="module")
+def endless_runner(tiny_config: Config) -> ModelRunner:
+    return load_runner(tiny_config, stops_at_eos=False)
+
+
+@pytest.fixture(scope="module")
+def short_runner(tiny_config: Config) -> ModelRunner:
+    return load_runner(dataclasses.replace(tiny_config, max_model_len=SHORT_MAX_MODEL_LEN), stops_at_eos=False)
+
+
+@pytest.fixture
+def engine(runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture) -> Iterator[ContinuousEngine]:
+    yield from serve(runner, tiny_config, caplog)
+
+
+@pytest.fixture
+def endless_engine(
+    endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+) -> Iterator[ContinuousEngine]:
+    yield from serve(endless_runner, tiny_config, caplog)
+
+
+@pytest.fixture
+def short_engine(
+    short_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+) -> Iterator[ContinuousEngine]:
+    yield from serve(short_runner, tiny_config, caplog)
+
+
+@pytest.fixture(scope="session")
+def reference_model(tiny_model_dir: Path) -> PreTrainedModel:
+    """The same weights under HF's own attention, for `generate`."""
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -18,7 +18,7 @@ from tasks.messages import Endpoint, EventType, FinishReason, GenerateRequest, S
 from tasks.models import RequestRecord, RequestStatus
 from tasks.store import claim_request, create_request, get_request
 from tasks.streams import RedisKeys, request_cancel
-from worker.batch_engine import BatchEngine
+from worker.continuous_engine import ContinuousEngine
 from worker.generation import GenerationHandler
 from worker.model_runner import ModelRunner
 
@@ -30,8 +30,9 @@ def handler(
     database_url = f"sqlite:///{tmp_path_factory.mktemp('handler') / 'db.sqlite'}"
     upgrade_to_head(database_url)
     config = Config(model=str(tiny_model_dir), redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:",
-                    database_url=database_url, is_redis_embedded=False)  # fmt: skip
-    engine = BatchEngine(ModelRunner(config), max_batch_size=4)
+                    database_url=database_url, is_redis_embedded=False, device="cpu", max_num_seqs=4,
+                    kv_cache_tokens=4096)  # fmt: skip
+    engine = ContinuousEngine(ModelRunner(config), config)
     engine.start()
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield GenerationHandler(

@@ -1,4 +1,4 @@
-"""BatchEngine against HF `generate` on the tiny model.
+"""ContinuousEngine against HF `generate` on the tiny model.
 
 The tiny model is trained and ends most replies within a few tokens, so tests that need long generations use an
 "endless" runner whose EOS set is empty; their HF reference then runs with EOS disabled too.
@@ -7,23 +7,28 @@ The tiny model is trained and ends most replies within a few tokens, so tests th
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.config import Config
 from tasks.messages import FinishReason, SamplingParams
-from worker.batch_engine import BatchEngine
+from tests.worker.engine_harness import (
+    SHORT_MAX_MODEL_LEN,
+    TIMEOUT_S,
+    Collector,
+    greedy,
+    hf_greedy,
+    run,
+    submit_together,
+    take_logged_errors,
+)
+from worker.continuous_engine import ContinuousEngine
 from worker.engine import EngineOutput, EngineRequest
 from worker.model_runner import ModelRunner
 
-TIMEOUT_S = 60
-SHORT_MAX_MODEL_LEN = 12
 PROMPTS = [
     "The quick brown fox",
     "Once",
@@ -34,143 +39,28 @@ PROMPTS = [
 ]
 
 
-class Collector:
-    """The outputs of one request, as its callback receives them."""
-
-    def __init__(self) -> None:
-        self.outputs: list[EngineOutput] = []
-        self.finished = threading.Event()
-
-    def __call__(self, output: EngineOutput) -> None:
-        self.outputs.append(output)
-        if output.is_finished:
-            self.finished.set()
-
-    def wait(self) -> EngineOutput:
-        assert self.finished.wait(TIMEOUT_S), "the request did not finish"
-        return self.outputs[-1]
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [token_id for output in self.outputs for token_id in output.new_token_ids]
-
-
-def load_runner(config: Config, stops_at_eos: bool = True) -> ModelRunner:
-    runner = ModelRunner(config)
-    if not stops_at_eos:
-        runner.eos_token_ids = frozenset()
-    return runner
-
-
-def serve(runner: ModelRunner, caplog: pytest.LogCaptureFixture) -> Iterator[BatchEngine]:
-    """A running engine; the test fails if the engine logged an error that the test did not take out of caplog."""
-    engine = BatchEngine(runner, max_batch_size=8)
-    engine.start()
-    yield engine
-    engine.stop(timeout_s=TIMEOUT_S)
-    assert take_logged_errors(caplog) == []
-
-
-def take_logged_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    messages = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
-    caplog.clear()
-    return messages
-
-
-@pytest.fixture(scope="module")
-def runner(tiny_config: Config) -> ModelRunner:
-    return load_runner(tiny_config)
-
-
-@pytest.fixture(scope="module")
-def endless_runner(tiny_config: Config) -> ModelRunner:
-    return load_runner(tiny_config, stops_at_eos=False)
-
-
-@pytest.fixture(scope="module")
-def short_runner(tiny_config: Config) -> ModelRunner:
-    return load_runner(dataclasses.replace(tiny_config, max_model_len=SHORT_MAX_MODEL_LEN), stops_at_eos=False)
-
-
-@pytest.fixture
-def engine(runner: ModelRunner, caplog: pytest.LogCaptureFixture) -> Iterator[BatchEngine]:
-    yield from serve(runner, caplog)
-
-
-@pytest.fixture
-def endless_engine(endless_runner: ModelRunner, caplog: pytest.LogCaptureFixture) -> Iterator[BatchEngine]:
-    yield from serve(endless_runner, caplog)
-
-
-@pytest.fixture
-def short_engine(short_runner: ModelRunner, caplog: pytest.LogCaptureFixture) -> Iterator[BatchEngine]:
-    yield from serve(short_runner, caplog)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0)
-
-
-def run(engine: BatchEngine, request_id: str, prompt: list[int], sampling: SamplingParams) -> Collector:
-    collector = Collector()
-    engine.submit(EngineRequest(request_id, prompt, sampling), collector)
-    collector.wait()
-    return collector
-
-
-def hf_greedy(runner: ModelRunner, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """HF `generate` for one unpadded prompt, stopping at the runner's EOS set (an empty one disables EOS)."""
-    input_ids = torch.tensor([prompt], device=runner.device)
-    output = runner.model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),  # else generate masks out any pad-token id in the prompt
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=sorted(runner.eos_token_ids),
-    )
-    return output[0, len(prompt) :].tolist()
-
-
 @pytest.mark.parametrize("engine_name", ["engine", "endless_engine"])
 def test_single_greedy_request_matches_hf_generate(
-    engine_name: str, request: pytest.FixtureRequest, tokenizer: PreTrainedTokenizerBase
+    engine_name: str,
+    request: pytest.FixtureRequest,
+    tokenizer: PreTrainedTokenizerBase,
+    reference_model: PreTrainedModel,
 ) -> None:
     engine = request.getfixturevalue(engine_name)
     runner = request.getfixturevalue(engine_name.replace("engine", "runner"))
     prompt = tokenizer.encode(PROMPTS[0])
     collector = run(engine, "solo", prompt, greedy(40))
-    assert collector.token_ids == hf_greedy(runner, prompt, 40)
+    assert collector.token_ids == hf_greedy(reference_model, runner.eos_token_ids, prompt, 40)
     assert all(len(output.new_token_ids) == 1 for output in collector.outputs)
     assert [output.is_finished for output in collector.outputs].count(True) == 1
 
 
-def submit_together(engine: BatchEngine, requests: list[EngineRequest]) -> list[Collector]:
-    """Submits each request from its own thread, all released at once."""
-    collectors = [Collector() for _ in requests]
-    barrier = threading.Barrier(len(requests))
-
-    def submit(index: int) -> None:
-        barrier.wait()
-        engine.submit(requests[index], collectors[index])
-
-    threads = [threading.Thread(target=submit, args=(index,)) for index in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(TIMEOUT_S)
-    for collector in collectors:
-        collector.wait()
-    return collectors
-
-
 @pytest.mark.parametrize("engine_name", ["engine", "endless_engine"])
 def test_concurrent_requests_share_batches_and_match_solo_greedy(
-    engine_name: str, request: pytest.FixtureRequest, tokenizer: PreTrainedTokenizerBase
+    engine_name: str,
+    request: pytest.FixtureRequest,
+    tokenizer: PreTrainedTokenizerBase,
+    reference_model: PreTrainedModel,
 ) -> None:
     engine = request.getfixturevalue(engine_name)
     runner = request.getfixturevalue(engine_name.replace("engine", "runner"))
@@ -185,7 +75,7 @@ def test_concurrent_requests_share_batches_and_match_solo_greedy(
     for prompt, num_max, collector in zip(prompts, max_tokens, collectors, strict=True):
         final = collector.outputs[-1]
         assert final.error is None
-        assert collector.token_ids == hf_greedy(runner, prompt, num_max)
+        assert collector.token_ids == hf_greedy(reference_model, runner.eos_token_ids, prompt, num_max)
         if final.finish_reason is FinishReason.LENGTH:
             assert len(collector.token_ids) == num_max
         else:
@@ -193,13 +83,12 @@ def test_concurrent_requests_share_batches_and_match_solo_greedy(
             assert collector.token_ids[-1] in runner.eos_token_ids
     stats = engine.stats
     assert stats.max_batch_size_seen > 1
-    assert stats.num_prefill_batches < len(prompts)
     if not runner.eos_token_ids:
         assert all(collector.outputs[-1].finish_reason is FinishReason.LENGTH for collector in collectors)
         assert len(stats.batch_size_histogram) > 2  # the batch shrank as rows finished
 
 
-def test_cancel_aborts_at_the_next_step(endless_engine: BatchEngine, tokenizer: PreTrainedTokenizerBase) -> None:
+def test_cancel_aborts_at_the_next_step(endless_engine: ContinuousEngine, tokenizer: PreTrainedTokenizerBase) -> None:
     reached_two_tokens, cancelled = threading.Event(), threading.Event()
     collector = Collector()
 
@@ -219,8 +108,8 @@ def test_cancel_aborts_at_the_next_step(endless_engine: BatchEngine, tokenizer: 
     assert len(collector.outputs) == 3
 
 
-def test_cancel_before_the_first_step_aborts_with_no_tokens(runner: ModelRunner) -> None:
-    engine = BatchEngine(runner, max_batch_size=8)
+def test_cancel_before_the_first_step_aborts_with_no_tokens(runner: ModelRunner, tiny_config: Config) -> None:
+    engine = ContinuousEngine(runner, tiny_config)
     collector = Collector()
     engine.submit(EngineRequest("early", [5, 6, 7], greedy(5)), collector)
     engine.cancel("early")
@@ -232,7 +121,7 @@ def test_cancel_before_the_first_step_aborts_with_no_tokens(runner: ModelRunner)
 
 
 def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(
-    endless_engine: BatchEngine, tokenizer: PreTrainedTokenizerBase
+    endless_engine: ContinuousEngine, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     prompt = tokenizer.encode(PROMPTS[2])
     seeded = SamplingParams(max_tokens=16, temperature=1.2, top_p=0.95, seed=1234)
@@ -249,7 +138,7 @@ def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(
     assert endless_engine.stats.max_batch_size_seen > 1
 
 
-def test_prompt_over_max_model_len_gets_an_error(short_engine: BatchEngine) -> None:
+def test_prompt_over_max_model_len_gets_an_error(short_engine: ContinuousEngine) -> None:
     too_long = run(short_engine, "too-long", [5] * SHORT_MAX_MODEL_LEN, greedy(4))
     assert too_long.token_ids == []
     assert too_long.outputs[-1].error is not None and "prompt" in too_long.outputs[-1].error
@@ -258,15 +147,17 @@ def test_prompt_over_max_model_len_gets_an_error(short_engine: BatchEngine) -> N
     assert just_fits.outputs[-1].finish_reason is FinishReason.LENGTH
 
 
-def test_generation_stops_at_max_model_len(short_engine: BatchEngine) -> None:
+def test_generation_stops_at_max_model_len(short_engine: ContinuousEngine) -> None:
     collector = run(short_engine, "short-context", [5, 6, 7, 8, 9], greedy(100))
     assert collector.outputs[-1].finish_reason is FinishReason.LENGTH
     assert len(collector.token_ids) == SHORT_MAX_MODEL_LEN - 5
 
 
-def test_stop_token_ids_finish_with_stop(endless_engine: BatchEngine, endless_runner: ModelRunner) -> None:
+def test_stop_token_ids_finish_with_stop(
+    endless_engine: ContinuousEngine, endless_runner: ModelRunner, reference_model: PreTrainedModel
+) -> None:
     prompt = [5, 6, 7]
-    reference = hf_greedy(endless_runner, prompt, 10)
+    reference = hf_greedy(reference_model, endless_runner.eos_token_ids, prompt, 10)
     stop_token_id = reference[2]
     sampling = SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=(stop_token_id,))
     collector = run(endless_engine, "stop-id", prompt, sampling)
@@ -274,21 +165,22 @@ def test_stop_token_ids_finish_with_stop(endless_engine: BatchEngine, endless_ru
     assert collector.token_ids == reference[: reference.index(stop_token_id) + 1]
 
 
-def test_forward_error_fails_the_cohort_and_the_loop_goes_on(
-    engine: BatchEngine, runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_forward_error_fails_the_step_frees_its_blocks_and_the_loop_goes_on(
+    engine: ContinuousEngine, runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken_forward(*args: object, **kwargs: object) -> torch.Tensor:
+    def broken_run(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("device on fire")
 
-    monkeypatch.setattr(runner, "forward", broken_forward)
+    monkeypatch.setattr(runner, "run", broken_run)
     failed = run(engine, "doomed", [5, 6, 7], greedy(4))
-    assert failed.outputs == [EngineOutput("doomed", [], error="device on fire")]
+    assert failed.outputs == [EngineOutput("doomed", [], error="the engine step failed: device on fire")]
+    assert engine.num_free_blocks == engine.num_blocks
     monkeypatch.undo()
     assert run(engine, "after", [5, 6, 7], greedy(4)).outputs[-1].error is None
-    assert take_logged_errors(caplog) == ["cohort of 1 requests failed"]
+    assert take_logged_errors(caplog) == ["an engine step over 1 requests failed"]
 
 
-def test_raising_callback_does_not_stop_the_engine(engine: BatchEngine, caplog: pytest.LogCaptureFixture) -> None:
+def test_raising_callback_does_not_stop_the_engine(engine: ContinuousEngine, caplog: pytest.LogCaptureFixture) -> None:
     def on_output(output: EngineOutput) -> None:
         raise ValueError("consumer bug")
 
@@ -298,8 +190,8 @@ def test_raising_callback_does_not_stop_the_engine(engine: BatchEngine, caplog: 
     assert errors and set(errors) == {"output callback of request bad-consumer raised"}
 
 
-def test_stop_aborts_waiting_requests(runner: ModelRunner) -> None:
-    engine = BatchEngine(runner, max_batch_size=8)
+def test_stop_aborts_waiting_requests(runner: ModelRunner, tiny_config: Config) -> None:
+    engine = ContinuousEngine(runner, tiny_config)
     collector = Collector()
     engine.submit(EngineRequest("never-run", [5, 6], greedy(3)), collector)
     engine.stop()
@@ -308,7 +200,9 @@ def test_stop_aborts_waiting_requests(runner: ModelRunner) -> None:
         engine.submit(EngineRequest("late", [5], greedy(1)), Collector())
 
 
-def test_ignore_eos_runs_to_max_tokens_through_the_eos(engine: BatchEngine, runner: ModelRunner, tokenizer) -> None:
+def test_ignore_eos_runs_to_max_tokens_through_the_eos(
+    engine: ContinuousEngine, runner: ModelRunner, tokenizer
+) -> None:
     prompt = tokenizer.encode(PROMPTS[0])
     natural = run(engine, "natural", prompt, greedy(64))
     assert natural.outputs[-1].finish_reason == FinishReason.STOP, "the tiny model should end this reply by itself"

@@ -1,0 +1,244 @@
+"""The continuous-batching engine: one thread owns the device and, every step, runs whatever is in flight.
+
+Each step the scheduler picks decodes and prefill chunks within the token budget, the runner computes them in one
+forward pass over the paged KV pool, the sampler picks a token for every request that reached its last token, and
+the scheduler appends them, finishing and freeing whatever stopped. New requests and cancellations are taken between
+steps, so a request joins the batch at the next step and a cancelled one frees its blocks at the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from scheduler.batch import Batch
+from scheduler.request import Request
+from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
+from tasks.config import Config
+from tasks.messages import FinishReason, TokenLogprob
+from worker.engine import EngineOutput, EngineRequest, OutputCallback
+from worker.engine_stats import EngineStats
+from worker.model_runner import ModelRunner
+from worker.sampler import SamplingRow, sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Sequence:
+    """The engine's side of one request: how to sample it and whom to tell."""
+
+    request: EngineRequest
+    on_output: OutputCallback
+    generator: torch.Generator | None
+    scheduled: Request
+
+
+def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        prefill_chunk_size=min(config.prefill_chunk_size, config.max_num_batched_tokens),
+        max_model_len=runner.max_model_len,
+        num_blocks=runner.kv_pool.num_blocks,
+        block_size=runner.kv_pool.block_size,
+    )
+
+
+class ContinuousEngine:
+    """Implements `worker.engine.Engine`; `submit` and `cancel` may be called from any thread."""
+
+    def __init__(self, runner: ModelRunner, config: Config) -> None:
+        self._runner = runner
+        self._scheduler = Scheduler(scheduler_config(config, runner))
+        self._cond = threading.Condition()
+        self._inbox: list[tuple[EngineRequest, OutputCallback]] = []
+        self._cancelled: set[str] = set()
+        self._active: set[str] = set()  # submitted and not yet finished
+        self._is_stopping = False
+        self._sequences: dict[str, _Sequence] = {}  # engine thread only
+        self._stats = EngineStats()
+        self._thread = threading.Thread(target=self._run, name="continuous-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Aborts everything in flight and ends the engine thread."""
+        with self._cond:
+            self._is_stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        else:
+            self._abort_all()
+
+    def submit(self, request: EngineRequest, on_output: OutputCallback) -> None:
+        with self._cond:
+            if self._is_stopping:
+                raise RuntimeError("the engine is stopping and takes no new requests")
+            if request.request_id in self._active:
+                raise ValueError(f"request {request.request_id!r} is already in the engine")
+            self._active.add(request.request_id)
+            self._inbox.append((request, on_output))
+            self._cond.notify_all()
+
+    def cancel(self, request_id: str) -> None:
+        with self._cond:
+            if request_id in self._active:
+                self._cancelled.add(request_id)
+                self._cond.notify_all()
+
+    @property
+    def stats(self) -> EngineStats:
+        with self._cond:
+            return self._stats.snapshot()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._scheduler.block_manager.num_free_blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return self._scheduler.block_manager.num_blocks
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while self._take_new_work():
+                    if self._scheduler.has_work:
+                        self._step_or_fail()
+        finally:
+            self._abort_all()
+
+    def _take_new_work(self) -> bool:
+        """Admits submissions and applies cancellations; False when the engine is stopping."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._inbox or self._cancelled or self._scheduler.has_work or self._is_stopping)
+            if self._is_stopping:
+                return False
+            inbox, self._inbox = self._inbox, []
+            cancelled, self._cancelled = self._cancelled, set()
+        for request, on_output in inbox:
+            self._admit(request, on_output)
+        for request_id in cancelled:
+            if self._scheduler.abort(request_id) is not None:
+                self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))
+        return True
+
+    def _admit(self, request: EngineRequest, on_output: OutputCallback) -> None:
+        scheduled = self._scheduler_request(request)
+        self._sequences[request.request_id] = _Sequence(request, on_output, self._generator_for(request), scheduled)
+        error = self._check(request)
+        if error is not None:
+            self._finish(request.request_id, EngineOutput(request.request_id, [], error=error))
+        else:
+            self._scheduler.add(scheduled)
+
+    def _scheduler_request(self, request: EngineRequest) -> Request:
+        sampling = request.sampling
+        stop_ids = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop_ids |= self._runner.eos_token_ids
+        return Request(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            max_tokens=sampling.max_tokens,
+            stop_token_ids=frozenset(stop_ids),
+            min_tokens=sampling.min_tokens,
+            priority=request.priority,
+        )
+
+    def _generator_for(self, request: EngineRequest) -> torch.Generator | None:
+        if request.sampling.seed is None:
+            return None
+        return torch.Generator(device=self._runner.device).manual_seed(request.sampling.seed % 2**64)
+
+    def _check(self, request: EngineRequest) -> str | None:
+        num_prompt_tokens = len(request.prompt_token_ids)
+        max_model_len = self._runner.max_model_len
+        if num_prompt_tokens == 0:
+            return "the prompt is empty"
+        if num_prompt_tokens > max_model_len - 1:
+            return (
+                f"the prompt has {num_prompt_tokens} tokens; at most {max_model_len - 1} fit this model's context "
+                f"of {max_model_len} tokens with one to generate"
+            )
+        if request.sampling.max_tokens < 1:
+            return f"max_tokens must be at least 1, got {request.sampling.max_tokens}"
+        num_needed = min(num_prompt_tokens + request.sampling.max_tokens, max_model_len)
+        num_fitting = self._scheduler.max_tokens_fitting()
+        if num_needed > num_fitting:
+            return f"the request needs {num_needed} tokens of KV cache; the pool holds {num_fitting}"
+        return None
+
+    def _step_or_fail(self) -> None:
+        batch = self._scheduler.schedule()
+        try:
+            self._step(batch)
+        except Exception as exc:
+            logger.exception("an engine step over %d requests failed", len(batch.chunks))
+            for chunk in batch.chunks:
+                request_id = chunk.request.request_id
+                if self._scheduler.abort(request_id) is not None:
+                    self._finish(request_id, EngineOutput(request_id, [], error=f"the engine step failed: {exc}"))
+
+    def _step(self, batch: Batch) -> None:
+        logits = self._runner.run(batch)  # [S, V]
+        sampling_chunks = batch.sampling_chunks
+        sampled = sample(logits, [self._sampling_row(chunk.request) for chunk in sampling_chunks])
+        updates = self._scheduler.update_from_output(batch, sampled.token_ids)
+        self._record_step(batch)
+        for update, logprob in zip(updates, sampled.logprobs, strict=True):
+            self._emit(update, logprob)
+
+    def _sampling_row(self, request: Request) -> SamplingRow:
+        sequence = self._sequences[request.request_id]
+        sampling = sequence.request.sampling
+        suppressed: tuple[int, ...] = ()
+        if request.num_output_tokens < sampling.min_tokens:
+            suppressed = tuple(sorted(request.stop_token_ids))
+        return SamplingRow(sampling, sequence.generator, request.prompt_token_ids, request.output_token_ids, suppressed)
+
+    def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
+        request_id = update.request.request_id
+        finish_reason = FinishReason(update.finish_reason) if update.finish_reason else None
+        output = EngineOutput(request_id, [update.token_id], finish_reason, logprobs=(logprob,) if logprob else ())
+        if finish_reason is None:
+            self._deliver(self._sequences[request_id], output)
+        else:
+            self._finish(request_id, output)
+
+    def _finish(self, request_id: str, output: EngineOutput) -> None:
+        sequence = self._sequences.pop(request_id)
+        with self._cond:
+            self._active.discard(request_id)
+            self._cancelled.discard(request_id)
+        self._deliver(sequence, output)
+
+    def _deliver(self, sequence: _Sequence, output: EngineOutput) -> None:
+        try:
+            sequence.on_output(output)
+        except Exception:
+            logger.exception("output callback of request %s raised", output.request_id)
+
+    def _record_step(self, batch: Batch) -> None:
+        num_decode_tokens = sum(1 for chunk in batch.chunks if chunk.is_decode)
+        with self._cond:
+            self._stats.record_step(len(batch.chunks), num_decode_tokens, batch.num_tokens)
+            self._stats.num_preemptions = self._scheduler.num_preemptions
+
+    def _abort_all(self) -> None:
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+        for request, on_output in inbox:
+            self._sequences[request.request_id] = _Sequence(request, on_output, None, self._scheduler_request(request))
+        for request_id in list(self._sequences):
+            self._scheduler.abort(request_id)
+            self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))

@@ -1,0 +1,33 @@
+"""Counters of what the engine ran, for tests, logs and the worker's published stats."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EngineStats:
+    num_steps: int = 0  # forward passes
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_preemptions: int = 0
+    max_batch_size_seen: int = 0  # requests in one forward pass
+    batch_size_histogram: dict[int, int] = field(default_factory=dict)  # requests in a forward pass -> passes
+
+    def record_step(self, num_requests: int, num_decode_tokens: int, num_tokens: int) -> None:
+        self.num_steps += 1
+        self.num_decode_tokens += num_decode_tokens
+        self.num_prefill_tokens += num_tokens - num_decode_tokens
+        self.max_batch_size_seen = max(self.max_batch_size_seen, num_requests)
+        self.batch_size_histogram[num_requests] = self.batch_size_histogram.get(num_requests, 0) + 1
+
+    def snapshot(self) -> EngineStats:
+        return dataclasses.replace(self, batch_size_histogram=dict(self.batch_size_histogram))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "batch_size_histogram": {str(k): v for k, v in self.batch_size_histogram.items()},
+        }

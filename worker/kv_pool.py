@@ -1,0 +1,72 @@
+"""The static KV cache: one tensor per model, allocated once, carved into fixed-size blocks of token slots."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import PretrainedConfig
+
+from tasks.config import Config
+
+logger = logging.getLogger(__name__)
+CPU_MEMORY_FRACTION = 0.25  # of available RAM, the most an automatic CPU pool may take
+
+
+@dataclass(frozen=True)
+class KVShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, model_config: PretrainedConfig) -> KVShape:
+        num_heads = model_config.num_attention_heads
+        head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // num_heads
+        num_kv_heads = getattr(model_config, "num_key_value_heads", None) or num_heads
+        return cls(model_config.num_hidden_layers, num_kv_heads, head_dim)
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.itemsize
+
+
+class KVPool:
+    """K and V of every layer, [num_layers, 2, num_slots, num_kv_heads, head_dim].
+
+    Slot = block * block_size + offset within the block."""
+
+    def __init__(
+        self, shape: KVShape, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        num_slots = num_blocks * block_size
+        self.cache = torch.zeros(
+            shape.num_layers, 2, num_slots, shape.num_kv_heads, shape.head_dim, dtype=dtype, device=device
+        )
+
+    def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer, each [num_slots, num_kv_heads, head_dim]."""
+        return self.cache[layer_idx, 0], self.cache[layer_idx, 1]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.cache.numel() * self.cache.element_size()
+
+
+def num_pool_tokens(
+    config: Config, shape: KVShape, dtype: torch.dtype, device: torch.device, max_model_len: int
+) -> int:
+    """KV_CACHE_TOKENS when set; else a fraction of free CUDA memory, or enough for every sequence at full length
+    on CPU (capped by a share of available RAM)."""
+    if config.kv_cache_tokens > 0:
+        return config.kv_cache_tokens
+    bytes_per_token = shape.bytes_per_token(dtype)
+    if device.type == "cuda":
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+        return int(free_bytes * config.kv_cache_memory_fraction) // bytes_per_token
+    wanted = config.max_num_seqs * max_model_len
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(wanted, int(available * CPU_MEMORY_FRACTION) // bytes_per_token)
