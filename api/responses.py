@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.completions import completion_body
 from tasks.messages import Endpoint, EventType, StreamEvent, Usage
 from tasks.models import RequestRecord
 
@@ -31,23 +32,15 @@ def completion_object(record: RequestRecord) -> dict[str, Any]:
     """The non-streamed response of a finished request."""
     result = record.result
     assert result is not None, "completion_object needs a finished request"
-    usage = Usage(record.prompt_tokens, result.completion_tokens).to_dict()
-    if record.endpoint == Endpoint.CHAT.value:
-        message = {"role": "assistant", "content": result.text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}
-        object_name = "chat.completion"
-    else:
-        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
-        object_name = "text_completion"
-    return {
-        "id": record.id,
-        "object": object_name,
-        "created": record.created,
-        "model": record.model,
-        "choices": [choice],
-        "usage": usage,
-        "system_fingerprint": None,
-    }
+    return completion_body(
+        request_id=record.id,
+        endpoint=Endpoint(record.endpoint),
+        model=record.model,
+        created=record.created,
+        text=result.text,
+        finish_reason=result.finish_reason,
+        usage=Usage(record.prompt_tokens, result.completion_tokens),
+    )
 
 
 def request_object(record: RequestRecord) -> dict[str, Any]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from celery import Celery
 
+from tasks.batch_messages import ChunkTask
 from tasks.config import Config
 from tasks.messages import GenerateRequest
 
 GENERATE_TASK = "steerbatch.generate"
+BATCH_CHUNK_TASK = "steerbatch.batch_chunk"
 
 
 def create_celery(config: Config) -> Celery:
@@ -27,7 +29,12 @@ def create_celery(config: Config) -> Celery:
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=3,
-        broker_transport_options={"socket_connect_timeout": 2, "visibility_timeout": 3600},
+        # "priority": a worker polls its queues in the order given (interactive first) instead of round robin.
+        broker_transport_options={
+            "socket_connect_timeout": 2,
+            "visibility_timeout": 3600,
+            "queue_order_strategy": "priority",
+        },
         # Fail fast when Redis is down so the api can answer 503 instead of hanging.
         task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5},
         worker_hijack_root_logger=False,
@@ -37,3 +44,7 @@ def create_celery(config: Config) -> Celery:
 
 def enqueue_generate(app: Celery, config: Config, request: GenerateRequest) -> None:
     app.send_task(GENERATE_TASK, args=[request.to_dict()], queue=config.interactive_queue)
+
+
+def enqueue_chunk(app: Celery, config: Config, chunk: ChunkTask) -> None:
+    app.send_task(BATCH_CHUNK_TASK, args=[chunk.to_dict()], queue=config.bulk_queue)

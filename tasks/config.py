@@ -43,6 +43,14 @@ class Config:
     flower_port: int = 5555
     flower_basic_auth: str = "admin:steerbatch"
     log_level: str = "INFO"
+    # Batch API (files and bulk jobs)
+    max_file_bytes: int = 100 * 1024 * 1024  # an upload over this is refused with 413
+    batch_chunk_size: int = 32  # lines per chunk task on the bulk queue
+    batch_chunks_in_flight: int = 4  # dispatched or running chunks, all batches together: bulk never fills the threads
+    batch_max_attempts: int = 3  # a line whose worker died this many times fails
+    batch_line_lease_s: float = 30.0  # a running line whose worker stops renewing this long goes back to the queue
+    batch_dispatch_timeout_s: float = 120.0  # a chunk no worker claimed in this long is dispatched again
+    batch_reaper_interval_s: float = 5.0  # how often each worker's reaper returns lapsed leases and expires batches
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:

@@ -28,6 +28,12 @@ class RedisKeys:
     def worker_lease(self, worker: str) -> str:
         return f"{self.prefix}lease:worker:{worker}"
 
+    def batch_stream(self, batch_id: str) -> str:
+        return f"{self.prefix}stream:batch:{batch_id}"
+
+    def batch_stop_flag(self, batch_id: str) -> str:
+        return f"{self.prefix}stop:batch:{batch_id}"
+
 
 def connect_redis(config: Config, *, block_s: float = 0.0) -> redis.Redis:
     """A client whose reads outlast the longest XREAD block we issue."""
@@ -41,9 +47,13 @@ def connect_redis(config: Config, *, block_s: float = 0.0) -> redis.Redis:
 
 
 def append_event(client: redis.Redis, config: Config, request_id: str, event: StreamEvent) -> str:
-    key = RedisKeys(config.redis_prefix).request_stream(request_id)
+    return append_json(client, config, RedisKeys(config.redis_prefix).request_stream(request_id), event.to_dict())
+
+
+def append_json(client: redis.Redis, config: Config, key: str, event: dict) -> str:
+    """XADD one JSON event to a bounded stream that expires `stream_ttl_s` after its last entry."""
     pipe = client.pipeline(transaction=True)
-    pipe.xadd(key, {"event": json.dumps(event.to_dict())}, maxlen=config.stream_maxlen, approximate=True)
+    pipe.xadd(key, {"event": json.dumps(event)}, maxlen=config.stream_maxlen, approximate=True)
     pipe.expire(key, config.stream_ttl_s)
     entry_id, _ = pipe.execute()
     return str(entry_id)
@@ -53,6 +63,12 @@ def read_events(
     client: redis.Redis, key: str, after_id: str, block_ms: int
 ) -> Iterator[tuple[str, StreamEvent] | None]:
     """Entries after `after_id` as they arrive, for ever; None each time `block_ms` passes with none."""
+    for item in read_json(client, key, after_id, block_ms):
+        yield None if item is None else (item[0], StreamEvent.from_dict(item[1]))
+
+
+def read_json(client: redis.Redis, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, dict] | None]:
+    """The JSON events of `append_json` after `after_id`, for ever; None each time `block_ms` passes with none."""
     while True:
         reply = client.xread({key: after_id}, count=256, block=block_ms)
         if not reply:
@@ -60,7 +76,7 @@ def read_events(
             continue
         for entry_id, fields in reply[0][1]:
             after_id = entry_id
-            yield entry_id, StreamEvent.from_dict(json.loads(fields["event"]))
+            yield entry_id, json.loads(fields["event"])
 
 
 class DeadlinePassed(Exception):

@@ -9,12 +9,14 @@ from celery.signals import worker_init, worker_shutdown
 from celery.worker import WorkController
 from transformers import PreTrainedTokenizerFast
 
-from tasks.celery_app import GENERATE_TASK, create_celery
+from tasks.batch_messages import ChunkTask
+from tasks.celery_app import BATCH_CHUNK_TASK, GENERATE_TASK, create_celery
 from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
 from tasks.messages import GenerateRequest
 from tasks.streams import connect_redis
+from worker.bulk import BulkRuntime, start_bulk
 from worker.continuous_engine import ContinuousEngine
 from worker.generation import GenerationHandler
 from worker.lease import WorkerLease
@@ -33,6 +35,7 @@ class WorkerRuntime:
 
 
 _runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the pool takes tasks
+_bulk: list[BulkRuntime] = []  # the same, for batch chunks and the batch reaper
 
 
 @worker_init.connect
@@ -52,11 +55,14 @@ def load_model(sender: WorkController, **_: object) -> None:
     lease = WorkerLease(client, config, sender.hostname, is_healthy=engine.is_alive)
     lease.start()
     _runtime.append(WorkerRuntime(engine, handler, lease))
+    _bulk.append(start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, sender.hostname))
     logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_num_seqs)
 
 
 @worker_shutdown.connect
 def stop_engine(**_: object) -> None:
+    for bulk in _bulk:
+        bulk.reaper.stop()
     for runtime in _runtime:
         runtime.engine.stop()
         runtime.lease.stop()
@@ -67,3 +73,10 @@ def generate(payload: dict) -> None:
     if not _runtime:
         raise RuntimeError("the model is not loaded: run this module with `celery -A worker.app worker`")
     _runtime[0].handler.handle(GenerateRequest.from_dict(payload))
+
+
+@celery.task(name=BATCH_CHUNK_TASK)
+def run_batch_chunk(payload: dict) -> None:
+    if not _bulk:
+        raise RuntimeError("the model is not loaded: run this module with `celery -A worker.app worker`")
+    _bulk[0].chunks.run(ChunkTask.from_dict(payload))

@@ -1,0 +1,185 @@
+"""POST /v1/batches, GET /v1/batches, GET /v1/batches/{id}, POST /v1/batches/{id}/cancel, GET .../events"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from flask import Blueprint, Response, jsonify, request
+from pydantic import Field
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from api.batch_lines import URL_ENDPOINTS, parse_lines
+from api.batch_objects import batch_object, line_row
+from api.batch_relay import batch_frames
+from api.blueprints.files import find_file
+from api.errors import APIError
+from api.generation import json_body
+from api.idempotency import check_replay, idempotency_key, request_hash
+from api.schemas import StrictModel
+from api.services import db_session, services
+from api.sse import last_event_id, sse_response
+from tasks.batch_events import publish_status, set_stop_flag
+from tasks.batch_finalize import close_batch, finalize_if_done
+from tasks.batch_messages import BatchEvent, BatchEventType
+from tasks.batch_models import BatchRecord, BatchStatus, LineStatus
+from tasks.batch_reaper import dispatch_and_enqueue
+from tasks.batch_store import accept_lines, begin_cancel, new_sortable_id, request_counts
+from tasks.celery_app import enqueue_chunk
+from tasks.streams import RedisKeys
+
+bp = Blueprint("batches", __name__)
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+MAX_LIST_LIMIT = 100
+
+
+class BatchCreate(StrictModel):
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
+@bp.post("/v1/batches")
+def create_batch() -> Response:
+    body = json_body()
+    create = BatchCreate.model_validate(body)
+    if create.endpoint not in URL_ENDPOINTS:
+        raise APIError(400, f"endpoint must be one of {sorted(URL_ENDPOINTS)}", param="endpoint")
+    if create.completion_window not in COMPLETION_WINDOWS:
+        raise APIError(400, f"completion_window must be one of {sorted(COMPLETION_WINDOWS)}", param="completion_window")
+    key = idempotency_key()
+    digest = request_hash(json.dumps(body, sort_keys=True).encode())
+    if key is not None and (earlier := _by_key(key)) is not None:
+        check_replay(earlier, digest)
+        return jsonify(batch_object(db_session(), earlier))
+    input_file = find_file(create.input_file_id)
+    if input_file.purpose != "batch":
+        raise APIError(
+            400, f"File {input_file.id} has purpose {input_file.purpose!r}, not 'batch'.", param="input_file_id"
+        )
+    batch = _record_validating(create, key, digest)
+    if batch.status == BatchStatus.VALIDATING.value:
+        _validate_and_start(batch, input_file.content)
+    session = db_session()
+    session.refresh(batch)
+    return jsonify(batch_object(session, batch))
+
+
+def _record_validating(create: BatchCreate, key: str | None, digest: str) -> BatchRecord:
+    """The batch row, committed before anything is validated or enqueued (or the earlier one with this key)."""
+    now = int(time.time())
+    batch = BatchRecord(
+        id=new_sortable_id("batch_"),
+        endpoint=create.endpoint,
+        model=services().model_info.name,
+        input_file_id=create.input_file_id,
+        completion_window=create.completion_window,
+        status=BatchStatus.VALIDATING.value,
+        batch_metadata=create.metadata,
+        created_at=now,
+        expires_at=now + COMPLETION_WINDOWS[create.completion_window],
+        idempotency_key=key,
+        request_hash=digest,
+    )
+    session = db_session()
+    session.add(batch)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()  # a concurrent request with the same key won
+        earlier = _by_key(key) if key is not None else None
+        if earlier is None:
+            raise
+        check_replay(earlier, digest)
+        return earlier
+    return batch
+
+
+def _validate_and_start(batch: BatchRecord, content: bytes) -> None:
+    svc = services()
+    session = db_session()
+    lines = parse_lines(svc.model_info, content, batch.endpoint)
+    errors = [line.error for line in lines if line.error is not None]
+    if accept_lines(session, batch.id, [line_row(batch.id, line) for line in lines], errors):
+        publish_status(svc.redis, svc.config, session, batch.id)
+        dispatch_and_enqueue(session, svc.config, lambda chunk: enqueue_chunk(svc.celery, svc.config, chunk))
+        return
+    if not lines:
+        accept_lines(
+            session,
+            batch.id,
+            [],
+            [{"code": "empty_file", "message": "The input file has no lines.", "param": None, "line": None}],
+        )
+    close_batch(session, batch.id, BatchStatus.VALIDATING, BatchStatus.FAILED)
+    publish_status(svc.redis, svc.config, session, batch.id)
+
+
+def _by_key(key: str) -> BatchRecord | None:
+    return db_session().scalar(select(BatchRecord).where(BatchRecord.idempotency_key == key))
+
+
+def _find(batch_id: str) -> BatchRecord:
+    batch = db_session().get(BatchRecord, batch_id, populate_existing=True)
+    if batch is None:
+        raise APIError(404, f"No batch with id `{batch_id}`.", param="batch_id", code="not_found")
+    return batch
+
+
+@bp.get("/v1/batches/<batch_id>")
+def retrieve_batch(batch_id: str) -> Response:
+    return jsonify(batch_object(db_session(), _find(batch_id)))
+
+
+@bp.get("/v1/batches")
+def list_batches() -> Response:
+    limit = request.args.get("limit", 20, type=int)
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise APIError(400, f"limit must lie in [1, {MAX_LIST_LIMIT}]", param="limit")
+    query = select(BatchRecord).order_by(BatchRecord.id.desc()).limit(limit + 1)
+    after = request.args.get("after")
+    if after:
+        query = query.where(BatchRecord.id < after)
+    session = db_session()
+    batches = list(session.scalars(query))
+    data = [batch_object(session, batch) for batch in batches[:limit]]
+    first_id, last_id = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return jsonify(
+        {"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": len(batches) > limit}
+    )
+
+
+@bp.post("/v1/batches/<batch_id>/cancel")
+def cancel_batch(batch_id: str) -> Response:
+    """Stops dispatch now and running lines at their next step; lines already finished stay in the output."""
+    svc = services()
+    session = db_session()
+    _find(batch_id)
+    if begin_cancel(session, batch_id):
+        set_stop_flag(svc.redis, svc.config, batch_id, LineStatus.CANCELLED)
+        publish_status(svc.redis, svc.config, session, batch_id)
+        if finalize_if_done(session, batch_id):
+            publish_status(svc.redis, svc.config, session, batch_id)
+    return jsonify(batch_object(session, _find(batch_id)))
+
+
+@bp.get("/v1/batches/<batch_id>/events")
+def batch_events(batch_id: str) -> Response:
+    """Progress after Last-Event-ID: a status event per status change, a line event per finished line."""
+    _find(batch_id)
+    svc = services()
+
+    def final_event() -> BatchEvent | None:
+        with svc.sessions() as session:
+            batch = session.get(BatchRecord, batch_id)
+            if batch is None or not batch.is_finished:
+                return None
+            return BatchEvent(BatchEventType.STATUS, batch.status, request_counts(session, batch_id))
+
+    key = RedisKeys(svc.config.redis_prefix).batch_stream(batch_id)
+    frames = batch_frames(
+        svc.redis, key, last_event_id(), heartbeat_s=svc.config.sse_heartbeat_s, final_event=final_event
+    )
+    return sse_response(frames)

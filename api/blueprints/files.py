@@ -1,0 +1,97 @@
+"""POST /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content, DELETE /v1/files/{id}"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, jsonify, request
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from api.errors import APIError
+from api.file_objects import file_object
+from api.idempotency import check_replay, idempotency_key, request_hash
+from api.services import db_session, services
+from tasks.batch_models import FileRecord
+from tasks.batch_store import new_id
+
+bp = Blueprint("files", __name__)
+UPLOAD_PURPOSES = ("batch",)
+MULTIPART_OVERHEAD = 64 * 1024  # the form's boundaries and other fields, on top of the file itself
+
+
+@bp.post("/v1/files")
+def create_file() -> Response:
+    max_bytes = services().config.max_file_bytes
+    request.max_content_length = max_bytes + MULTIPART_OVERHEAD  # werkzeug answers 413 before reading more
+    purpose = request.form.get("purpose")
+    if purpose not in UPLOAD_PURPOSES:
+        raise APIError(400, f"purpose must be one of {list(UPLOAD_PURPOSES)}", param="purpose")
+    upload = request.files.get("file")
+    if upload is None:
+        raise APIError(400, "Send the file as the multipart field `file`.", param="file")
+    content = upload.read(max_bytes + 1)
+    if len(content) > max_bytes:
+        raise APIError(413, f"The file is larger than {max_bytes} bytes.", param="file", code="file_too_large")
+    filename = upload.filename or "upload.jsonl"
+    key = idempotency_key()
+    digest = request_hash(purpose.encode(), filename.encode(), content)
+    record = FileRecord(
+        id=new_id("file-"),
+        purpose=purpose,
+        filename=filename,
+        bytes=len(content),
+        created_at=int(time.time()),
+        content=content,
+        idempotency_key=key,
+        request_hash=digest,
+    )
+    return jsonify(file_object(_store_once(record, key, digest)))
+
+
+def _store_once(record: FileRecord, key: str | None, digest: str) -> FileRecord:
+    session = db_session()
+    if key is not None and (earlier := _by_key(key)) is not None:
+        check_replay(earlier, digest)
+        return earlier
+    session.add(record)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()  # a concurrent request with the same key won
+        earlier = _by_key(key) if key is not None else None
+        if earlier is None:
+            raise
+        check_replay(earlier, digest)
+        return earlier
+    return record
+
+
+def _by_key(key: str) -> FileRecord | None:
+    return db_session().scalar(select(FileRecord).where(FileRecord.idempotency_key == key))
+
+
+def find_file(file_id: str) -> FileRecord:
+    record = db_session().get(FileRecord, file_id)
+    if record is None:
+        raise APIError(404, f"No such File object: {file_id}", param="id", code="not_found")
+    return record
+
+
+@bp.get("/v1/files/<file_id>")
+def retrieve_file(file_id: str) -> Response:
+    return jsonify(file_object(find_file(file_id)))
+
+
+@bp.get("/v1/files/<file_id>/content")
+def file_content(file_id: str) -> Response:
+    record = find_file(file_id)
+    return Response(record.content, mimetype="application/octet-stream")
+
+
+@bp.delete("/v1/files/<file_id>")
+def delete_file(file_id: str) -> Response:
+    session = db_session()
+    session.delete(find_file(file_id))
+    session.commit()
+    return jsonify({"id": file_id, "object": "file", "deleted": True})

@@ -1,0 +1,49 @@
+"""A batch's progress stream in Redis: a status event on every status change, a line event per finished line."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from sqlalchemy.orm import Session
+
+from tasks.batch_messages import BatchEvent, BatchEventType
+from tasks.batch_models import BatchLine, BatchRecord, LineStatus
+from tasks.batch_store import request_counts
+from tasks.config import Config
+from tasks.streams import RedisKeys, append_json
+
+logger = logging.getLogger(__name__)
+
+
+def publish_status(client: redis.Redis, config: Config, session: Session, batch_id: str) -> None:
+    batch = session.get(BatchRecord, batch_id, populate_existing=True)
+    if batch is not None:
+        event = BatchEvent(BatchEventType.STATUS, batch.status, request_counts(session, batch_id))
+        _append(client, config, batch_id, event)
+
+
+def publish_line(client: redis.Redis, config: Config, session: Session, line: BatchLine, status: LineStatus) -> None:
+    batch = session.get(BatchRecord, line.batch_id)
+    counts = request_counts(session, line.batch_id)
+    event = BatchEvent(BatchEventType.LINE, batch.status if batch else "", counts, line.line_no, line.custom_id,
+                       status.value)  # fmt: skip
+    _append(client, config, line.batch_id, event)
+
+
+def _append(client: redis.Redis, config: Config, batch_id: str, event: BatchEvent) -> None:
+    # Progress is advisory (SQL holds the truth), so a Redis hiccup must not fail the line or the batch.
+    try:
+        append_json(client, config, RedisKeys(config.redis_prefix).batch_stream(batch_id), event.to_dict())
+    except redis.RedisError as exc:
+        logger.warning("could not publish progress of %s: %s", batch_id, exc)
+
+
+def set_stop_flag(client: redis.Redis, config: Config, batch_id: str, status: LineStatus) -> None:
+    """Tell the workers running this batch's lines to end them, with `status`, at the next step."""
+    client.set(RedisKeys(config.redis_prefix).batch_stop_flag(batch_id), status.value, ex=config.stream_ttl_s)
+
+
+def read_stop_flag(client: redis.Redis, config: Config, batch_id: str) -> LineStatus | None:
+    value = client.get(RedisKeys(config.redis_prefix).batch_stop_flag(batch_id))
+    return LineStatus(value) if value else None

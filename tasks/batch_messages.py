@@ -1,0 +1,68 @@
+"""JSON-safe dataclasses of the Batch API that cross process boundaries: chunk tasks and progress events."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    """What the bulk queue carries: which chunk of which batch to run; the lines themselves are in SQL."""
+
+    batch_id: str
+    chunk_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChunkTask:
+        return cls(batch_id=data["batch_id"], chunk_id=data["chunk_id"])
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    total: int
+    completed: int
+    failed: int  # failed, cancelled and expired lines: at the end completed + failed == total
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RequestCounts:
+        return cls(total=int(data["total"]), completed=int(data["completed"]), failed=int(data["failed"]))
+
+
+class BatchEventType(str, Enum):
+    STATUS = "status"  # the batch changed status
+    LINE = "line"  # one line reached its terminal status
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """One entry of a batch's progress stream."""
+
+    type: BatchEventType
+    status: str  # the batch's status
+    request_counts: RequestCounts
+    line_no: int | None = None
+    custom_id: str | None = None
+    line_status: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "type": self.type.value, "request_counts": self.request_counts.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchEvent:
+        return cls(
+            type=BatchEventType(data["type"]),
+            status=data["status"],
+            request_counts=RequestCounts.from_dict(data["request_counts"]),
+            line_no=data.get("line_no"),
+            custom_id=data.get("custom_id"),
+            line_status=data.get("line_status"),
+        )

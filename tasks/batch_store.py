@@ -1,0 +1,202 @@
+"""The batch ledger's writes: every line moves queued -> dispatched -> running -> one terminal status, each step a
+conditional UPDATE, so racing writers (workers, reapers, the api) never give a line two results."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import distinct, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from tasks.batch_messages import ChunkTask, RequestCounts
+from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, LineStatus
+from tasks.config import Config
+
+STOPPABLE_BATCH_VALUES = (BatchStatus.VALIDATING.value, BatchStatus.IN_PROGRESS.value)
+WAITING_LINE_VALUES = (LineStatus.QUEUED.value, LineStatus.DISPATCHED.value)
+MAX_BATCH_ERRORS = 100  # validation errors kept on the batch object; the error file has them all
+
+
+@dataclass(frozen=True)
+class LineOutcome:
+    status: LineStatus
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    error: dict[str, Any] | None = None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def new_sortable_id(prefix: str) -> str:
+    """An id that sorts by creation time (to the nanosecond), for newest-first listing with an `after` cursor."""
+    return f"{prefix}{time.time_ns():016x}{uuid.uuid4().hex[:16]}"
+
+
+def request_counts(session: Session, batch_id: str) -> RequestCounts:
+    rows = session.execute(
+        select(BatchLine.status, func.count()).where(BatchLine.batch_id == batch_id).group_by(BatchLine.status)
+    ).all()
+    by_status = {status: int(count) for status, count in rows}
+    completed = by_status.get(LineStatus.COMPLETED.value, 0)
+    failed = sum(by_status.get(s.value, 0) for s in (LineStatus.FAILED, LineStatus.CANCELLED, LineStatus.EXPIRED))
+    return RequestCounts(total=sum(by_status.values()), completed=completed, failed=failed)
+
+
+def count_open_lines(session: Session, batch_id: str) -> int:
+    open_values = (*WAITING_LINE_VALUES, LineStatus.RUNNING.value)
+    query = select(func.count()).where(BatchLine.batch_id == batch_id, BatchLine.status.in_(open_values))
+    return int(session.scalar(query) or 0)
+
+
+def dispatch_chunks(session: Session, config: Config, now: float | None = None) -> list[ChunkTask]:
+    """Mark queued lines dispatched, a chunk at a time, oldest batch first, until `batch_chunks_in_flight` chunks
+    are dispatched or running; the caller enqueues the returned chunks (a lost one is redispatched at its deadline)."""
+    now = time.time() if now is None else now
+    in_flight_values = (LineStatus.DISPATCHED.value, LineStatus.RUNNING.value)
+    num_in_flight = session.scalar(select(func.count(distinct(BatchLine.chunk_id))).where(
+        BatchLine.status.in_(in_flight_values))) or 0  # fmt: skip
+    chunks: list[ChunkTask] = []
+    while num_in_flight + len(chunks) < config.batch_chunks_in_flight:
+        chunk = _dispatch_one(session, config, now)
+        if chunk is None:
+            break
+        chunks.append(chunk)
+    return chunks
+
+
+def _dispatch_one(session: Session, config: Config, now: float) -> ChunkTask | None:
+    queued = (
+        select(BatchLine.batch_id)
+        .join(BatchRecord, BatchRecord.id == BatchLine.batch_id)
+        .where(BatchRecord.status == BatchStatus.IN_PROGRESS.value, BatchLine.status == LineStatus.QUEUED.value)
+        .order_by(BatchRecord.created_at, BatchLine.batch_id)
+        .limit(1)
+    )
+    batch_id = session.scalar(queued)
+    if batch_id is None:
+        return None
+    line_ids = session.scalars(
+        select(BatchLine.id)
+        .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.QUEUED.value)
+        .order_by(BatchLine.line_no)
+        .limit(config.batch_chunk_size)
+    ).all()
+    chunk = ChunkTask(batch_id=batch_id, chunk_id=new_id("chunk_"))
+    session.execute(
+        update(BatchLine)
+        .where(BatchLine.id.in_(line_ids), BatchLine.status == LineStatus.QUEUED.value)
+        .values(
+            status=LineStatus.DISPATCHED.value,
+            chunk_id=chunk.chunk_id,
+            lease_expires_at=now + config.batch_dispatch_timeout_s,
+        )
+    )
+    session.commit()
+    return chunk
+
+
+def claim_chunk(session: Session, chunk: ChunkTask, owner: str, lease_s: float) -> list[BatchLine]:
+    """The chunk's lines still waiting for it, now running under `owner`'s lease; none if the chunk was redelivered
+    after its lines finished, were cancelled, or were dispatched again in another chunk."""
+    session.execute(
+        update(BatchLine)
+        .where(BatchLine.chunk_id == chunk.chunk_id, BatchLine.status == LineStatus.DISPATCHED.value)
+        .values(
+            status=LineStatus.RUNNING.value,
+            lease_owner=owner,
+            lease_expires_at=time.time() + lease_s,
+            attempts=BatchLine.attempts + 1,
+        )
+    )
+    session.commit()
+    return list(session.scalars(select(BatchLine).where(*_held_by(chunk.chunk_id, owner)).order_by(BatchLine.line_no)))
+
+
+def renew_lease(session: Session, chunk_id: str, owner: str, lease_s: float) -> set[int]:
+    """Extend the lease of the chunk's lines `owner` still holds; returns their ids (a reaper may have taken some)."""
+    session.execute(update(BatchLine).where(*_held_by(chunk_id, owner)).values(lease_expires_at=time.time() + lease_s))
+    session.commit()
+    return set(session.scalars(select(BatchLine.id).where(*_held_by(chunk_id, owner))))
+
+
+def _held_by(chunk_id: str, owner: str) -> tuple:
+    return BatchLine.chunk_id == chunk_id, BatchLine.status == LineStatus.RUNNING.value, BatchLine.lease_owner == owner
+
+
+def finish_line(session: Session, line_id: int, owner: str, outcome: LineOutcome) -> bool:
+    """Record a running line's one result; False if `owner` no longer holds it (its lease lapsed and it moved on)."""
+    recorded = session.execute(
+        update(BatchLine)
+        .where(BatchLine.id == line_id, BatchLine.status == LineStatus.RUNNING.value, BatchLine.lease_owner == owner)
+        .values(
+            status=outcome.status.value,
+            text=outcome.text,
+            finish_reason=outcome.finish_reason,
+            completion_tokens=outcome.completion_tokens,
+            error=outcome.error,
+            finished_at=time.time(),
+        )
+    )
+    session.commit()
+    return recorded.rowcount == 1
+
+
+def stop_waiting_lines(session: Session, batch_id: str, status: LineStatus) -> int:
+    """End the lines no worker runs yet with `status` (cancelled or expired); running ones end at their next step."""
+    stopped = session.execute(
+        update(BatchLine)
+        .where(BatchLine.batch_id == batch_id, BatchLine.status.in_(WAITING_LINE_VALUES))
+        .values(status=status.value, finished_at=time.time())
+    )
+    session.commit()
+    return stopped.rowcount
+
+
+def begin_cancel(session: Session, batch_id: str) -> bool:
+    """validating or in_progress -> cancelling, and its waiting lines cancelled; False if it was past that."""
+    now = int(time.time())
+    moved = session.execute(
+        update(BatchRecord)
+        .where(BatchRecord.id == batch_id, BatchRecord.status.in_(STOPPABLE_BATCH_VALUES))
+        .values(status=BatchStatus.CANCELLING.value, cancelling_at=now)
+    )
+    session.commit()
+    if moved.rowcount != 1:
+        return False
+    stop_waiting_lines(session, batch_id, LineStatus.CANCELLED)
+    return True
+
+
+def stop_status(batch: BatchRecord) -> LineStatus | None:
+    """The status running lines of this batch end with when stopped, or None while it should run on."""
+    if batch.status == BatchStatus.CANCELLING.value:
+        return LineStatus.CANCELLED
+    if batch.expired_at is not None or batch.status == BatchStatus.EXPIRED.value:
+        return LineStatus.EXPIRED
+    if batch.status == BatchStatus.CANCELLED.value:
+        return LineStatus.CANCELLED
+    return None
+
+
+def accept_lines(session: Session, batch_id: str, rows: list[dict[str, Any]], errors: list[dict[str, Any]]) -> bool:
+    """Insert every line of a validating batch and start it, in one transaction; False (the batch left validating)
+    when no line is valid, for the caller to fail it."""
+    if rows:
+        session.execute(insert(BatchLine), rows)
+    has_valid_line = any(row["status"] == LineStatus.QUEUED.value for row in rows)
+    values: dict[str, Any] = {"errors": errors[:MAX_BATCH_ERRORS] or None}
+    if has_valid_line:
+        values.update(status=BatchStatus.IN_PROGRESS.value, in_progress_at=int(time.time()))
+    session.execute(
+        update(BatchRecord)
+        .where(BatchRecord.id == batch_id, BatchRecord.status == BatchStatus.VALIDATING.value)
+        .values(**values)
+    )
+    session.commit()
+    return has_valid_line

@@ -1,0 +1,167 @@
+"""One chunk task of a batch in a Celery thread: claim its lines, submit them all to the engine at once (so they
+fill the continuous batch next to chat), record each line's one result as it finishes, renew the lease meanwhile."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+from transformers import PreTrainedTokenizerFast
+
+from tasks.batch_events import publish_line, read_stop_flag
+from tasks.batch_messages import ChunkTask
+from tasks.batch_models import BatchLine, BatchRecord, LineStatus
+from tasks.batch_store import LineOutcome, claim_chunk, finish_line, renew_lease, stop_status
+from tasks.config import Config
+from tasks.db import SessionFactory
+from tasks.messages import FinishReason, GenerateRequest
+from worker.engine import BULK_PRIORITY, Engine, EngineOutput, EngineRequest
+from worker.text_stream import TextStream
+
+logger = logging.getLogger(__name__)
+POLL_S = 0.05
+RENEWALS_PER_LEASE = 3
+
+
+@dataclass
+class _LineRun:
+    line: BatchLine
+    request: GenerateRequest
+    text_stream: TextStream
+    num_tokens: int = 0
+
+    def outcome(self, output: EngineOutput, stopped_as: LineStatus | None) -> LineOutcome | None:
+        """The line's result once `output` ends it, else None (the stream may end it early at a stop string)."""
+        if output.error is not None:
+            error = {"message": output.error, "type": "server_error", "param": None, "code": None}
+            return LineOutcome(LineStatus.FAILED, self.text_stream.text, None, self.num_tokens, error)
+        self.num_tokens += len(output.new_token_ids)
+        self.text_stream.push(output.new_token_ids)
+        if self.text_stream.is_stopped:
+            return LineOutcome(LineStatus.COMPLETED, self.text_stream.text, FinishReason.STOP.value, self.num_tokens)
+        if output.finish_reason == FinishReason.ABORT:
+            return LineOutcome(stopped_as or LineStatus.CANCELLED, self.text_stream.text, None, self.num_tokens)
+        if output.finish_reason is not None:
+            self.text_stream.flush()
+            return LineOutcome(LineStatus.COMPLETED, self.text_stream.text, output.finish_reason.value, self.num_tokens)
+        return None
+
+
+@dataclass
+class _Chunk:
+    task: ChunkTask
+    owner: str  # this run's lease owner: the worker's name and a token, unique per delivery
+    runs: dict[str, _LineRun]  # by engine request id
+    outputs: queue.Queue[EngineOutput] = field(default_factory=queue.Queue)
+    stopped_as: LineStatus | None = None
+
+
+class ChunkRunner:
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerFast,
+        client: redis.Redis,
+        sessions: SessionFactory,
+        worker: str,
+        after_chunk: Callable[[str], None],
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.redis = client
+        self.sessions = sessions
+        self.worker = worker
+        self._after_chunk = after_chunk  # closes the batch if this was its last line, and dispatches more
+
+    def run(self, task: ChunkTask) -> None:
+        owner = f"{self.worker}#{uuid.uuid4().hex[:8]}"
+        with self.sessions() as session:
+            lines = claim_chunk(session, task, owner, self.config.batch_line_lease_s)
+        if not lines:
+            logger.info("chunk %s has nothing left to run; skipping the redelivery", task.chunk_id)
+            return
+        runs = {line.request_id: self._line_run(line) for line in lines}
+        chunk = _Chunk(task, owner, runs)
+        try:
+            self._submit_all(chunk)
+            self._follow(chunk)
+        finally:
+            for request_id in chunk.runs:
+                self.engine.cancel(request_id)
+        self._after_chunk(task.batch_id)
+
+    def _line_run(self, line: BatchLine) -> _LineRun:
+        request = GenerateRequest.from_dict(line.request or {})
+        return _LineRun(line, request, TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop))
+
+    def _submit_all(self, chunk: _Chunk) -> None:
+        for run in chunk.runs.values():
+            request = run.request
+            engine_request = EngineRequest(
+                request.request_id, request.prompt_token_ids, request.sampling, BULK_PRIORITY
+            )
+            self.engine.submit(engine_request, chunk.outputs.put)
+        task = chunk.task
+        logger.info("chunk %s of %s: %d lines in the engine", task.chunk_id, task.batch_id, len(chunk.runs))
+
+    def _follow(self, chunk: _Chunk) -> None:
+        next_poll = next_renewal = 0.0
+        while chunk.runs:
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + POLL_S
+                if not self.engine.is_alive():
+                    logger.error(
+                        "the engine stopped; chunk %s's leases will lapse and it will run again", chunk.task.chunk_id
+                    )
+                    return
+                self._check_stop(chunk, read_stop_flag(self.redis, self.config, chunk.task.batch_id))
+            if now >= next_renewal:
+                next_renewal = now + self.config.batch_line_lease_s / RENEWALS_PER_LEASE
+                self._renew(chunk)
+            try:
+                output = chunk.outputs.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            self._take(chunk, output)
+
+    def _take(self, chunk: _Chunk, output: EngineOutput) -> None:
+        run = chunk.runs.get(output.request_id)
+        outcome = run.outcome(output, chunk.stopped_as) if run is not None else None
+        if run is None or outcome is None:
+            return
+        del chunk.runs[output.request_id]
+        if not output.is_finished:
+            self.engine.cancel(output.request_id)  # a stop string ended it before the engine knew
+        with self.sessions() as session:
+            if finish_line(session, run.line.id, chunk.owner, outcome):
+                publish_line(self.redis, self.config, session, run.line, outcome.status)
+            else:
+                logger.warning("line %d of %s was taken from this worker; its result is dropped",
+                               run.line.line_no, chunk.task.batch_id)  # fmt: skip
+
+    def _check_stop(self, chunk: _Chunk, stopped_as: LineStatus | None) -> None:
+        if stopped_as is not None and chunk.stopped_as is None:
+            logger.info("batch %s is stopping (%s); aborting chunk %s", chunk.task.batch_id, stopped_as.value,
+                        chunk.task.chunk_id)  # fmt: skip
+            chunk.stopped_as = stopped_as
+            for request_id in chunk.runs:
+                self.engine.cancel(request_id)
+
+    def _renew(self, chunk: _Chunk) -> None:
+        """Extend the lease; lines a reaper took from this worker stop here, and a stop missed in Redis is seen."""
+        with self.sessions() as session:
+            held = renew_lease(session, chunk.task.chunk_id, chunk.owner, self.config.batch_line_lease_s)
+            batch = session.get(BatchRecord, chunk.task.batch_id)
+            self._check_stop(chunk, stop_status(batch) if batch is not None else LineStatus.CANCELLED)
+        for request_id, run in list(chunk.runs.items()):
+            if run.line.id not in held:
+                del chunk.runs[request_id]
+                self.engine.cancel(request_id)

@@ -1,0 +1,77 @@
+"""The worker's Batch API side: the chunk runner its Celery threads use, and the reaper thread every worker runs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from transformers import PreTrainedTokenizerFast
+
+from tasks.batch_events import publish_status
+from tasks.batch_finalize import finalize_if_done
+from tasks.batch_messages import ChunkTask
+from tasks.batch_reaper import dispatch_and_enqueue, reap_once
+from tasks.celery_app import enqueue_chunk
+from tasks.config import Config
+from tasks.db import SessionFactory
+from worker.batch_chunk import ChunkRunner
+from worker.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+class BatchReaper:
+    """Runs `reap` every `interval_s` on its own thread; a failed pass is logged and the next one tries again."""
+
+    def __init__(self, interval_s: float, reap: Callable[[], None]) -> None:
+        self._interval_s = interval_s
+        self._reap = reap
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._reap_forever, name="batch-reaper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _reap_forever(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self._reap()
+            except Exception:
+                logger.exception("batch reaper pass failed")
+
+
+@dataclass
+class BulkRuntime:
+    chunks: ChunkRunner
+    reaper: BatchReaper
+
+
+def start_bulk(
+    config: Config,
+    celery: Celery,
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerFast,
+    client: redis.Redis,
+    sessions: SessionFactory,
+    worker: str,
+) -> BulkRuntime:
+    def enqueue(chunk: ChunkTask) -> None:
+        enqueue_chunk(celery, config, chunk)
+
+    def after_chunk(batch_id: str) -> None:
+        with sessions() as session:
+            if finalize_if_done(session, batch_id):
+                publish_status(client, config, session, batch_id)
+            dispatch_and_enqueue(session, config, enqueue)
+
+    chunks = ChunkRunner(config, engine, tokenizer, client, sessions, worker, after_chunk)
+    reaper = BatchReaper(config.batch_reaper_interval_s, lambda: reap_once(sessions, client, config, enqueue))
+    reaper.start()
+    return BulkRuntime(chunks, reaper)
