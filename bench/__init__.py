@@ -1,0 +1,1 @@
+"""Benchmarks that compare the engine against baselines in one run and print tables."""

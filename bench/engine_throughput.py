@@ -1,0 +1,208 @@
+"""Engine throughput (issue 3): naive and static-batch HF `generate`, HF continuous batching, and our engine,
+in one process on the same model, over 32 requests all at t=0 and the same requests as a Poisson stream.
+
+    .venv/bin/python -m bench.engine_throughput --model models/tiny [--num-requests 32] [--seed 0]
+        [--poisson-rate 16] [--engines naive,static,hf_cb,steerbatch] [--threads N] [--out table.md]
+
+Every engine decodes greedily and ignores EOS, so each request generates exactly its own number of tokens and
+every engine should produce the tokens of (i); the table counts the requests where it does. Each engine gets a
+short warm-up before it is measured. The markdown table goes to stdout (and to --out); progress goes to the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from bench.hf_continuous import HFContinuousBatching, has_continuous_batching
+from bench.hf_generate import NaiveGenerate, StaticBatchGenerate
+from bench.metrics import NAIVE_KEY, RunResult, Summary, format_table, summarize
+from bench.steerbatch_engine import SteerbatchEngine
+from bench.workload import BenchRequest, WorkloadSpec, make_workload
+from tasks.config import Config
+from worker.model_runner import DTYPES, ModelRunner, read_eos_token_ids
+
+logger = logging.getLogger("bench.engine_throughput")
+
+ENGINE_KEYS = ("naive", "static", "hf_cb", "steerbatch")
+BURST, POISSON, WARMUP = "all-at-t=0", "poisson", "warmup"
+CB_LOGGER = "ContinuousBatchingLogger"  # transformers' continuous batching logs every start and stop at INFO
+WARMUP_SPEC = WorkloadSpec(num_requests=2, prompt_len_range=(8, 32), output_len_range=(4, 8), seed=12345)
+
+
+class BenchEngine(Protocol):
+    key: str
+    label: str
+
+    def run(self, workload: str, requests: list[BenchRequest]) -> RunResult: ...
+
+    def close(self) -> None: ...
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="models/tiny", help="HF model folder")
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0, help="seeds prompts, lengths and arrivals")
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=(64, 128), metavar=("MIN", "MAX"))
+    # 16/s: with seed 0 the 32 arrivals span 1.6s, about half the all-at-t=0 run of (iii)/(iv) on 2 cores
+    parser.add_argument("--poisson-rate", type=float, default=16.0, help="mean arrivals per second")
+    parser.add_argument("--engines", default=",".join(ENGINE_KEYS), help=f"comma-separated, of {ENGINE_KEYS}")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="the engines' batch size limit")
+    parser.add_argument("--out", type=Path, help="also write the markdown (machine, command, table) here")
+    args = parser.parse_args(argv)
+    unknown = set(args.engines.split(",")) - set(ENGINE_KEYS)
+    if unknown:
+        parser.error(f"unknown engines {sorted(unknown)}; choose from {ENGINE_KEYS}")
+    return args
+
+
+def machine_description(args: argparse.Namespace) -> str:
+    cpu_model = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
+        cpu_model = names[0] if names else cpu_model
+    return (
+        f"{cpu_model}, {os.cpu_count()} logical CPUs ({len(os.sched_getaffinity(0))} usable); "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {args.dtype} on cpu, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+
+
+def special_token_ids(model: PreTrainedModel) -> set[int]:
+    ids = set(read_eos_token_ids(model))
+    for source in (model.generation_config, model.config):
+        ids.update(token_id for token_id in (source.bos_token_id, source.pad_token_id) if token_id is not None)
+    return ids
+
+
+def pad_token_id(model: PreTrainedModel) -> int:
+    """Any id works (padded positions are masked); the model's own pad when it has one."""
+    for source in (model.generation_config, model.config):
+        if source.pad_token_id is not None:
+            return int(source.pad_token_id)
+    return 0
+
+
+def build_workloads(args: argparse.Namespace, model: PreTrainedModel) -> dict[str, list[BenchRequest]]:
+    spec = WorkloadSpec(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), args.seed)
+    vocab_size, specials = model.config.vocab_size, special_token_ids(model)
+    return {
+        BURST: make_workload(BURST, spec, vocab_size, specials, poisson_rate_per_s=None),
+        POISSON: make_workload(POISSON, spec, vocab_size, specials, poisson_rate_per_s=args.poisson_rate),
+    }
+
+
+def engine_factories(
+    args: argparse.Namespace, model: PreTrainedModel, workloads: dict[str, list[BenchRequest]]
+) -> dict[str, Callable[[], BenchEngine]]:
+    """Each engine opened only when its turn comes; ours loads its own copy of the model through ModelRunner, so
+    nothing the HF baselines do to their model (HF continuous batching switches its attention) reaches it."""
+    config = Config(model=args.model, max_num_seqs=args.max_num_seqs, device="cpu", dtype=args.dtype)
+    pad = pad_token_id(model)
+    return {
+        "naive": lambda: NaiveGenerate(model, pad),
+        "static": lambda: StaticBatchGenerate(model, pad),
+        "hf_cb": lambda: HFContinuousBatching(
+            model, workloads[BURST], config.max_num_batched_tokens, config.max_num_seqs
+        ),
+        "steerbatch": lambda: SteerbatchEngine(ModelRunner(config), config),
+    }
+
+
+def run_engine(
+    engine: BenchEngine, workloads: dict[str, list[BenchRequest]], warmup: list[BenchRequest]
+) -> list[RunResult]:
+    engine.run(WARMUP, warmup)
+    results = []
+    for name, requests in workloads.items():
+        started = time.perf_counter()
+        results.append(engine.run(name, requests))
+        logger.info("%s, %s: %.2fs", engine.label, name, time.perf_counter() - started)
+    return results
+
+
+def summarize_all(results: list[RunResult]) -> list[Summary]:
+    naive_tokens = {
+        result.workload: {trace.request_id: trace.token_ids for trace in result.traces}
+        for result in results
+        if result.engine_key == NAIVE_KEY
+    }
+    return [summarize(result, naive_tokens.get(result.workload)) for result in results]
+
+
+def selected_engines(args: argparse.Namespace, model: PreTrainedModel) -> list[str]:
+    keys = args.engines.split(",")
+    if "hf_cb" in keys and not has_continuous_batching(model):
+        logger.warning("transformers %s has no continuous batching: skipping (iii)", transformers.__version__)
+        keys.remove("hf_cb")
+    return keys
+
+
+def format_report(args: argparse.Namespace, argv: list[str], poisson_span_s: float, table: str) -> str:
+    return "\n\n".join(
+        [
+            f"Machine: {machine_description(args)}",
+            f"Command: `.venv/bin/python -m bench.engine_throughput {shlex.join(argv)}`",
+            f"Workload: {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
+            f"outputs {args.output_len[0]}-{args.output_len[1]} tokens, seed {args.seed}; "
+            f"Poisson at {args.poisson_rate:g}/s (arrivals span {poisson_span_s:.1f}s)",
+            table,
+        ]
+    )
+
+
+def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
+    """Runs the selected engines over both workloads; returns the markdown: machine, command, workload, table."""
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=DTYPES[args.dtype]).eval()
+    workloads = build_workloads(args, model)
+    warmup = make_workload(WARMUP, WARMUP_SPEC, model.config.vocab_size, special_token_ids(model), None)
+    factories = engine_factories(args, model, workloads)
+    keys = selected_engines(args, model)
+    results: list[RunResult] = []
+    for key in keys:
+        logger.info("opening %s", key)
+        engine = factories[key]()
+        try:
+            results.extend(run_engine(engine, workloads, warmup))
+        finally:
+            engine.close()
+    results.sort(key=lambda result: (list(workloads).index(result.workload), keys.index(result.engine_key)))
+    poisson_span_s = max(request.arrival_s for request in workloads[POISSON])
+    return format_report(args, argv, poisson_span_s, format_table(summarize_all(results)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger(CB_LOGGER).setLevel(logging.WARNING)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    markdown = run_benchmark(args, argv)
+    print(markdown)
+    if args.out is not None:
+        args.out.write_text(markdown + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""Engine (iv): steerbatch's engine behind `worker.engine.Engine`, fed at arrival times from a feeder thread.
+
+Token times are stamped with `time.perf_counter()` in the output callback, which the engine calls from its own
+thread as each step's tokens come out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Protocol
+
+from bench.metrics import RequestTrace, RunResult
+from bench.workload import BenchRequest, feed_arrivals
+from tasks.config import Config
+from tasks.messages import SamplingParams
+from worker.engine import Engine, EngineOutput, EngineRequest
+from worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 600.0
+
+
+class ServingEngine(Engine, Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def build_engine(runner: ModelRunner, config: Config) -> tuple[ServingEngine, str]:
+    """The engine under test and its table label: ContinuousEngine where it exists, else the BatchEngine it replaces.
+
+    Both imported here, because each exists only on one side of the switch between them.
+    """
+    try:
+        from worker.continuous_engine import ContinuousEngine
+    except ModuleNotFoundError as exc:
+        if exc.name != "worker.continuous_engine":
+            raise
+        from worker.batch_engine import BatchEngine
+
+        logger.warning("worker.continuous_engine is not there: benchmarking BatchEngine as (iv)")
+        return BatchEngine(runner, max_batch_size=config.max_num_seqs), "(iv) steerbatch BatchEngine (fallback)"
+    return ContinuousEngine(runner, config), "(iv) steerbatch ContinuousEngine"
+
+
+class _Collector:
+    """One request's tokens and their times, as the engine thread delivers them."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.token_times: list[float] = []
+        self.error: str | None = None
+        self.finished = threading.Event()
+
+    def __call__(self, output: EngineOutput) -> None:
+        now = time.perf_counter()
+        self.token_ids.extend(output.new_token_ids)
+        self.token_times.extend([now] * len(output.new_token_ids))
+        if output.is_finished:
+            self.error = output.error
+            self.finished.set()
+
+
+class SteerbatchEngine:
+    key = "steerbatch"
+
+    def __init__(self, runner: ModelRunner, config: Config) -> None:
+        self._engine, self.label = build_engine(runner, config)
+        self._engine.start()
+
+    def run(self, workload: str, requests: list[BenchRequest]) -> RunResult:
+        collectors = {request.request_id: _Collector() for request in requests}
+        start = time.perf_counter()
+
+        def submit(request: BenchRequest) -> None:
+            sampling = SamplingParams(max_tokens=request.num_output_tokens, temperature=0.0, ignore_eos=True)
+            engine_request = EngineRequest(request.request_id, request.prompt_token_ids, sampling)
+            self._engine.submit(engine_request, collectors[request.request_id])
+
+        feeder = threading.Thread(target=feed_arrivals, args=(requests, start, submit), name="engine-feeder")
+        feeder.start()
+        for request_id, collector in collectors.items():
+            if not collector.finished.wait(REQUEST_TIMEOUT_S):
+                raise RuntimeError(f"{request_id} did not finish within {REQUEST_TIMEOUT_S:.0f}s")
+            if collector.error is not None:
+                raise RuntimeError(f"the engine failed {request_id}: {collector.error}")
+        feeder.join()
+        traces = [
+            RequestTrace(request.request_id, start + request.arrival_s, collector.token_ids, collector.token_times)
+            for request, collector in zip(requests, collectors.values(), strict=True)
+        ]
+        num_generated = sum(len(trace.token_ids) for trace in traces)
+        return RunResult(self.key, self.label, workload, start, traces, num_generated)
+
+    def close(self) -> None:
+        self._engine.stop()
