@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup model demo serve test lint
+.PHONY: setup model sae demo serve test lint
 
-setup: $(INSTALLED) model
+setup: $(INSTALLED) model sae
 
 # torch goes in first and pinned: an unpinned torch pulls gigabytes of CUDA wheels on a CPU machine.
 # A GPU machine may install its CUDA build of torch $(TORCH_VERSION) into .venv beforehand; it is kept.
@@ -21,6 +21,10 @@ $(INSTALLED): pyproject.toml
 
 model: $(INSTALLED)
 	$(PY) -m scripts.build_tiny_model --out models/tiny
+
+# A small SAE for the tiny model (SAELens format), listed by default from models/saes.
+sae: model
+	$(PY) -m scripts.build_tiny_sae --model models/tiny --out models/saes/tiny/resid_post_2
 
 demo: setup
 	$(PY) -m scripts.demo

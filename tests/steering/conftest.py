@@ -12,8 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from tasks.config import REPO_ROOT
-
-TINY_SAE_ID = "tiny/resid_post_2"
+from tests.steering.sae_folders import TINY_SAE_ID
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+TINY_SAE_ID = "tiny/resid_post_2"  # the SAE scripts/build_tiny_sae.py builds under models/saes
+
 
 def write_sae_folder(folder: Path, cfg: dict, tensors: dict[str, torch.Tensor]) -> Path:
     """An SAE folder in SAELens' layout: cfg.json plus sae_weights.safetensors."""
