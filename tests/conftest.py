@@ -101,6 +101,7 @@ def make_test_config(model_dir: Path, redis_url: str, database_url: str, **overr
         "port": free_port(),
         "worker_concurrency": 16,
         "max_num_seqs": 16,
+        "kv_cache_tokens": 16384,
         "sse_heartbeat_s": 1.0,
         "request_timeout_s": 120.0,
         "api_threads": 32,

@@ -52,7 +52,9 @@ def load_model(sender: WorkController, **_: object) -> None:
         sessions=make_session_factory(make_db_engine(config.database_url)),
         worker=sender.hostname,
     )
-    lease = WorkerLease(client, config, sender.hostname, is_healthy=engine.is_alive)
+    lease = WorkerLease(
+        client, config, sender.hostname, is_healthy=engine.is_alive, read_stats=lambda: engine.stats.to_dict()
+    )
     lease.start()
     _runtime.append(WorkerRuntime(engine, handler, lease))
     _bulk.append(start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, sender.hostname))

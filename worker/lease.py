@@ -1,24 +1,34 @@
-"""The worker's liveness lease in Redis, renewed from its own thread while the worker is healthy."""
+"""The worker's liveness lease in Redis, renewed from its own thread while the worker is healthy, with its stats."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
 from tasks.config import Config
 from tasks.streams import renew_worker_lease
+from tasks.worker_stats import publish_worker_stats
 
 logger = logging.getLogger(__name__)
 RENEWALS_PER_LEASE = 3  # a lease survives two missed renewals
 
 
 class WorkerLease:
-    def __init__(self, client: redis.Redis, config: Config, worker: str, is_healthy: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        config: Config,
+        worker: str,
+        is_healthy: Callable[[], bool],
+        read_stats: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.worker = worker
         self._is_healthy = is_healthy
+        self._read_stats = read_stats
         self._client = client
         self._config = config
         self._stopped = threading.Event()
@@ -38,5 +48,7 @@ class WorkerLease:
                 return
             try:
                 renew_worker_lease(self._client, self._config, self.worker)
+                if self._read_stats is not None:
+                    publish_worker_stats(self._client, self._config, self.worker, self._read_stats())
             except redis.RedisError as exc:
                 logger.warning("could not renew the lease of %s: %s", self.worker, exc)
