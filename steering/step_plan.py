@@ -33,6 +33,9 @@ class SteeringTable:
         """hidden [N, hidden] -> [N, hidden], one gather and one add whatever the mix of rows."""
         if hidden.shape[0] != self.token_rows.shape[0]:
             raise ValueError(f"steering table covers {self.token_rows.shape[0]} tokens, the step has {hidden.shape[0]}")
+        # A float32 delta would silently promote a bfloat16 residual stream for every later layer.
+        if self.deltas.dtype != hidden.dtype:
+            raise ValueError(f"steering deltas are {self.deltas.dtype}, the residual stream is {hidden.dtype}")
         return hidden + self.deltas.index_select(0, self.token_rows)
 
 
@@ -79,7 +82,10 @@ class StepPlan:
 
 
 def build_steering_table(
-    num_tokens: Sequence[int], row_deltas: Sequence[torch.Tensor | None], device: torch.device | str
+    num_tokens: Sequence[int],
+    row_deltas: Sequence[torch.Tensor | None],
+    device: torch.device | str,
+    dtype: torch.dtype,
 ) -> SteeringTable | None:
     """The table for one hook point from per-request token counts (packed order) and deltas [hidden] (None:
     unsteered); None when no request is steered there, so the hook point can be left out of the plan."""
@@ -95,4 +101,4 @@ def build_steering_table(
     counts = torch.tensor(list(num_tokens), dtype=torch.long)
     token_rows = torch.repeat_interleave(torch.tensor(row_ids, dtype=torch.long), counts)  # [N]
     deltas = torch.stack([torch.zeros_like(steered[0]), *steered])  # [1 + R, hidden]
-    return SteeringTable(token_rows.to(device, non_blocking=True), deltas.to(device))
+    return SteeringTable(token_rows.to(device), deltas.to(device=device, dtype=dtype))

@@ -50,7 +50,7 @@ def logits(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
 def steer_row(input_ids: torch.Tensor, row: int, delta: torch.Tensor) -> SteeringTable:
     num_rows, length = input_ids.shape
     deltas = [delta if index == row else None for index in range(num_rows)]
-    return build_steering_table([length] * num_rows, deltas, "cpu")
+    return build_steering_table([length] * num_rows, deltas, "cpu", torch.float32)
 
 
 def demo_direction(sae: SAE, steering_demo: dict) -> tuple[torch.Tensor, int]:
@@ -88,7 +88,7 @@ def test_packed_single_sequence_is_steered_the_same_way(
 ) -> None:
     direction, token_id = demo_direction(sae, steering_demo)
     packed = input_ids[1:2]  # [1, N]: the engine's layout, one request
-    table = build_steering_table([packed.shape[1]], [direction], "cpu")
+    table = build_steering_table([packed.shape[1]], [direction], "cpu", torch.float32)
     hooks.set_step(StepPlan(steering={HookPoint(2, "post"): table}))
     steered = logits(tiny_model, packed)
     hooks.clear()
@@ -182,7 +182,7 @@ def test_without_a_plan_the_hooks_change_nothing(
 def test_a_table_for_another_step_size_is_refused(
     tiny_model: PreTrainedModel, hooks: BatchHooks, input_ids: torch.Tensor
 ) -> None:
-    table = build_steering_table([4], [torch.ones(128)], "cpu")
+    table = build_steering_table([4], [torch.ones(128)], "cpu", torch.float32)
     hooks.set_step(StepPlan(steering={HookPoint(0, "post"): table}))
     with pytest.raises(ValueError, match="steering table covers 4 tokens, the step has"):
         logits(tiny_model, input_ids)
@@ -191,11 +191,21 @@ def test_a_table_for_another_step_size_is_refused(
 
 def test_build_steering_table_maps_tokens_to_their_requests_delta() -> None:
     first, second = torch.full((4,), 1.0), torch.full((4,), 2.0)
-    table = build_steering_table([2, 3, 1, 2], [None, first, None, second], "cpu")
+    table = build_steering_table([2, 3, 1, 2], [None, first, None, second], "cpu", torch.float32)
     assert table.token_rows.tolist() == [0, 0, 1, 1, 1, 0, 2, 2]
     assert torch.equal(table.deltas, torch.stack([torch.zeros(4), first, second]))
     assert table.apply(torch.zeros(8, 4))[:, 0].tolist() == [0, 0, 1, 1, 1, 0, 2, 2]
-    assert build_steering_table([2, 3], [None, None], "cpu") is None
+    assert build_steering_table([2, 3], [None, None], "cpu", torch.float32) is None
+
+
+def test_a_table_in_another_dtype_is_refused(
+    tiny_model: PreTrainedModel, hooks: BatchHooks, input_ids: torch.Tensor
+) -> None:
+    table = build_steering_table([input_ids.numel()], [torch.ones(128)], "cpu", torch.float64)
+    hooks.set_step(StepPlan(steering={HookPoint(0, "post"): table}))
+    with pytest.raises(ValueError, match=r"steering deltas are torch\.float64, the residual stream is torch\.float32"):
+        logits(tiny_model, input_ids)
+    hooks.clear()
 
 
 def test_plan_refuses_repeated_monitor_keys(sae: SAE) -> None:
@@ -206,4 +216,6 @@ def test_plan_refuses_repeated_monitor_keys(sae: SAE) -> None:
 
 def test_hooks_past_the_last_layer_are_refused(hooks: BatchHooks) -> None:
     with pytest.raises(ValueError, match="past the model's 4 layers"):
-        hooks.set_step(StepPlan(steering={HookPoint(4, "pre"): build_steering_table([1], [torch.ones(128)], "cpu")}))
+        hooks.set_step(
+            StepPlan(steering={HookPoint(4, "pre"): build_steering_table([1], [torch.ones(128)], "cpu", torch.float32)})
+        )
