@@ -1,7 +1,7 @@
 """What the SAE hooks do in one forward pass: per hook point, which deltas to add and what to read.
 
 The engine packs every scheduled token of every request into one sequence of N tokens; "rows" here are
-requests, and each table or tap addresses tokens by their index in that packed order.
+the requests (chunks) of the step, and each table or tap addresses tokens by their index in that order.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from steering.sae import SAE
 
 @dataclass(frozen=True)
 class SteeringTable:
-    """Adds deltas[token_rows[n]] to token n; deltas[0] is zeros, so unsteered tokens get exactly +0."""
+    """Adds deltas[token_rows[n]] to token n; an unsteered row's delta is zeros, so its tokens get exactly +0."""
 
-    token_rows: torch.Tensor  # [N] long, 0 for tokens of unsteered requests
-    deltas: torch.Tensor  # [1 + R, hidden] in the model's dtype, row 0 zeros
+    token_rows: torch.Tensor  # [N] long: the row (request) of each packed token
+    deltas: torch.Tensor  # [R, hidden] in the model's dtype
 
     def __post_init__(self) -> None:
         if self.token_rows.dim() != 1 or self.token_rows.dtype != torch.long:
             raise ValueError("SteeringTable.token_rows must be a 1-D long tensor [N]")
         if self.deltas.dim() != 2:
-            raise ValueError("SteeringTable.deltas must be a 2-D tensor [1 + R, hidden]")
+            raise ValueError("SteeringTable.deltas must be a 2-D tensor [R, hidden]")
 
     def apply(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> [N, hidden], one gather and one add whatever the mix of rows."""
@@ -82,23 +82,16 @@ class StepPlan:
 
 
 def build_steering_table(
-    num_tokens: Sequence[int],
-    row_deltas: Sequence[torch.Tensor | None],
-    device: torch.device | str,
-    dtype: torch.dtype,
+    token_rows: torch.Tensor, row_deltas: Sequence[torch.Tensor | None], dtype: torch.dtype
 ) -> SteeringTable | None:
-    """The table for one hook point from per-request token counts (packed order) and deltas [hidden] (None:
-    unsteered); None when no request is steered there, so the hook point can be left out of the plan."""
-    if len(num_tokens) != len(row_deltas):
-        raise ValueError(f"{len(num_tokens)} token counts for {len(row_deltas)} deltas")
+    """The table for one hook point: token_rows [N] gives each packed token's row (request), as the engine's
+    step already has it; row_deltas gives each row's [hidden] delta, or None when the row is unsteered.
+
+    None when no row is steered there, so the hook point can be left out of the plan.
+    """
     steered = [delta for delta in row_deltas if delta is not None]
     if not steered:
         return None
-    row_ids, next_id = [], 1
-    for delta in row_deltas:
-        row_ids.append(0 if delta is None else next_id)
-        next_id += delta is not None
-    counts = torch.tensor(list(num_tokens), dtype=torch.long)
-    token_rows = torch.repeat_interleave(torch.tensor(row_ids, dtype=torch.long), counts)  # [N]
-    deltas = torch.stack([torch.zeros_like(steered[0]), *steered])  # [1 + R, hidden]
-    return SteeringTable(token_rows.to(device), deltas.to(device=device, dtype=dtype))
+    zeros = torch.zeros_like(steered[0])
+    deltas = torch.stack([zeros if delta is None else delta for delta in row_deltas])  # [R, hidden]
+    return SteeringTable(token_rows, deltas.to(device=token_rows.device, dtype=dtype))

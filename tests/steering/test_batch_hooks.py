@@ -47,10 +47,15 @@ def logits(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=input_ids).logits  # [B, L, V]
 
 
+def packed_rows(num_tokens: list[int]) -> torch.Tensor:
+    """token_rows [N] as the engine's step has it: the row of each packed token."""
+    return torch.repeat_interleave(torch.arange(len(num_tokens)), torch.tensor(num_tokens))
+
+
 def steer_row(input_ids: torch.Tensor, row: int, delta: torch.Tensor) -> SteeringTable:
     num_rows, length = input_ids.shape
     deltas = [delta if index == row else None for index in range(num_rows)]
-    return build_steering_table([length] * num_rows, deltas, "cpu", torch.float32)
+    return build_steering_table(packed_rows([length] * num_rows), deltas, torch.float32)
 
 
 def demo_direction(sae: SAE, steering_demo: dict) -> tuple[torch.Tensor, int]:
@@ -88,7 +93,7 @@ def test_packed_single_sequence_is_steered_the_same_way(
 ) -> None:
     direction, token_id = demo_direction(sae, steering_demo)
     packed = input_ids[1:2]  # [1, N]: the engine's layout, one request
-    table = build_steering_table([packed.shape[1]], [direction], "cpu", torch.float32)
+    table = build_steering_table(packed_rows([packed.shape[1]]), [direction], torch.float32)
     hooks.set_step(StepPlan(steering={HookPoint(2, "post"): table}))
     steered = logits(tiny_model, packed)
     hooks.clear()
@@ -182,7 +187,7 @@ def test_without_a_plan_the_hooks_change_nothing(
 def test_a_table_for_another_step_size_is_refused(
     tiny_model: PreTrainedModel, hooks: BatchHooks, input_ids: torch.Tensor
 ) -> None:
-    table = build_steering_table([4], [torch.ones(128)], "cpu", torch.float32)
+    table = build_steering_table(packed_rows([4]), [torch.ones(128)], torch.float32)
     hooks.set_step(StepPlan(steering={HookPoint(0, "post"): table}))
     with pytest.raises(ValueError, match="steering table covers 4 tokens, the step has"):
         logits(tiny_model, input_ids)
@@ -191,17 +196,16 @@ def test_a_table_for_another_step_size_is_refused(
 
 def test_build_steering_table_maps_tokens_to_their_requests_delta() -> None:
     first, second = torch.full((4,), 1.0), torch.full((4,), 2.0)
-    table = build_steering_table([2, 3, 1, 2], [None, first, None, second], "cpu", torch.float32)
-    assert table.token_rows.tolist() == [0, 0, 1, 1, 1, 0, 2, 2]
-    assert torch.equal(table.deltas, torch.stack([torch.zeros(4), first, second]))
-    assert table.apply(torch.zeros(8, 4))[:, 0].tolist() == [0, 0, 1, 1, 1, 0, 2, 2]
-    assert build_steering_table([2, 3], [None, None], "cpu", torch.float32) is None
+    table = build_steering_table(packed_rows([2, 3, 1, 2]), [None, first, None, second], torch.float64)
+    assert torch.equal(table.deltas, torch.stack([torch.zeros(4), first, torch.zeros(4), second]).double())
+    assert table.apply(torch.zeros(8, 4, dtype=torch.float64))[:, 0].tolist() == [0, 0, 1, 1, 1, 0, 2, 2]
+    assert build_steering_table(packed_rows([2, 3]), [None, None], torch.float32) is None
 
 
 def test_a_table_in_another_dtype_is_refused(
     tiny_model: PreTrainedModel, hooks: BatchHooks, input_ids: torch.Tensor
 ) -> None:
-    table = build_steering_table([input_ids.numel()], [torch.ones(128)], "cpu", torch.float64)
+    table = build_steering_table(packed_rows([input_ids.numel()]), [torch.ones(128)], torch.float64)
     hooks.set_step(StepPlan(steering={HookPoint(0, "post"): table}))
     with pytest.raises(ValueError, match=r"steering deltas are torch\.float64, the residual stream is torch\.float32"):
         logits(tiny_model, input_ids)
@@ -217,5 +221,34 @@ def test_plan_refuses_repeated_monitor_keys(sae: SAE) -> None:
 def test_hooks_past_the_last_layer_are_refused(hooks: BatchHooks) -> None:
     with pytest.raises(ValueError, match="past the model's 4 layers"):
         hooks.set_step(
-            StepPlan(steering={HookPoint(4, "pre"): build_steering_table([1], [torch.ones(128)], "cpu", torch.float32)})
+            StepPlan(
+                steering={HookPoint(4, "pre"): build_steering_table(packed_rows([1]), [torch.ones(128)], torch.float32)}
+            )
         )
+
+
+class TupleLayer(torch.nn.Module):
+    """A decoder layer as transformers before 5 wrote them: hidden states by keyword in, a tuple out."""
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return hidden_states * 2, None
+
+
+class TupleModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList([TupleLayer()])
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model.layers[0](hidden_states=hidden_states)[0]
+
+
+def test_keyword_inputs_and_tuple_outputs_are_steered() -> None:
+    model = TupleModel()
+    hooks = BatchHooks(model)
+    table = build_steering_table(packed_rows([1, 2]), [torch.ones(3), None], torch.float32)
+    hooks.set_step(StepPlan(steering={HookPoint(0, "pre"): table, HookPoint(0, "post"): table}))
+    steered = model(torch.zeros(1, 3, 3))  # (0 + 1) * 2 + 1 on row 0's token, 0 on row 1's
+    hooks.close()
+    assert steered[0, :, 0].tolist() == [3.0, 0.0, 0.0]
