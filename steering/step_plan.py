@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -76,7 +77,7 @@ class StepPlan:
         if len(keys) != len(set(keys)):
             raise ValueError("each monitor tap in a step needs its own key")
 
-    @property
+    @cached_property  # every hook asks on every forward pass
     def hook_points(self) -> frozenset[HookPoint]:
         return frozenset(self.steering) | frozenset(self.monitors) | frozenset(self.stats)
 
