@@ -50,6 +50,12 @@ class MonitorTap:
     top_k: int
     features: torch.Tensor | None = None  # [F] long: rank only among these
 
+    def __post_init__(self) -> None:
+        if self.positions.dim() != 1 or self.positions.dtype != torch.long:
+            raise ValueError(f"monitor {self.key}: positions must be a 1-D long tensor [P]")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k <= 0:
+            raise ValueError(f"monitor {self.key}: top_k must be a positive integer, got {self.top_k!r}")
+
 
 @dataclass(frozen=True)
 class MonitorResult:

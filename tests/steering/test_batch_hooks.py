@@ -212,6 +212,13 @@ def test_a_table_in_another_dtype_is_refused(
     hooks.clear()
 
 
+def test_monitor_taps_refuse_bad_positions_and_top_k(sae: SAE) -> None:
+    with pytest.raises(ValueError, match="positions must be a 1-D long tensor"):
+        MonitorTap("a", sae, torch.tensor([[0]]), top_k=1)
+    with pytest.raises(ValueError, match="top_k must be a positive integer"):
+        MonitorTap("a", sae, torch.tensor([0]), top_k=0)
+
+
 def test_plan_refuses_repeated_monitor_keys(sae: SAE) -> None:
     tap = MonitorTap("same", sae, torch.tensor([0]), top_k=1)
     with pytest.raises(ValueError, match="its own key"):
