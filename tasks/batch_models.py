@@ -50,7 +50,7 @@ class FileRecord(Base):
     created_at: Mapped[int] = mapped_column(Integer)
     # In the database, not on a disk: api and workers on different machines see the same files, and a batch's
     # output file commits in the same transaction as its final status.
-    content: Mapped[bytes] = deferred(mapped_column(LargeBinary))
+    content: Mapped[bytes] = deferred(mapped_column(LargeBinary, nullable=False))
     idempotency_key: Mapped[str | None] = mapped_column(String(256), unique=True, nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 

@@ -1,0 +1,192 @@
+"""The batch ledger on SQLite and PostgreSQL, schema from Alembic: dispatch, claims, leases, the reaper, expiry and
+closing, with one terminal row per line whatever order the writers come in."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tasks.batch_finalize import finalize_if_done
+from tasks.batch_messages import ChunkTask
+from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, FileRecord, LineStatus
+from tasks.batch_output import output_line, render_jsonl
+from tasks.batch_reaper import begin_expiry, return_lapsed_lines
+from tasks.batch_store import (
+    LineOutcome,
+    accept_lines,
+    claim_chunk,
+    dispatch_chunks,
+    finish_line,
+    new_sortable_id,
+    renew_lease,
+    request_counts,
+)
+from tasks.config import Config
+from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
+from tasks.messages import Endpoint, GenerateRequest, SamplingParams
+from tasks.models import Base
+
+CONFIG = Config(batch_chunk_size=3, batch_chunks_in_flight=2, batch_max_attempts=2, batch_dispatch_timeout_s=60)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "postgresql":
+        database_url = request.getfixturevalue("postgres_url")
+    else:
+        database_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade_to_head(database_url)
+    engine = make_db_engine(database_url)
+    yield engine
+    with engine.begin() as connection:
+        for table in ("batch_lines", "batches", "files"):
+            connection.exec_driver_sql(f"DELETE FROM {table}")
+    engine.dispose()
+
+
+@pytest.fixture
+def session(db_engine: Engine) -> Iterator[Session]:
+    with make_session_factory(db_engine)() as db:
+        yield db
+
+
+def test_the_migrations_match_the_models(db_engine: Engine) -> None:
+    with db_engine.connect() as connection:
+        diffs = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert diffs == []
+
+
+def make_batch(session: Session, num_lines: int, expires_in_s: int = 3600) -> str:
+    now = int(time.time())
+    batch = BatchRecord(id=new_sortable_id("batch_"), endpoint="/v1/completions", model="tiny", input_file_id="file-x",
+                        completion_window="24h", status=BatchStatus.VALIDATING.value, created_at=now,
+                        expires_at=now + expires_in_s)  # fmt: skip
+    session.add(batch)
+    session.commit()
+    rows = [_row(batch.id, line_no) for line_no in range(1, num_lines + 1)]
+    assert accept_lines(session, batch.id, rows, [])
+    return batch.id
+
+
+def _row(batch_id: str, line_no: int) -> dict:
+    request = GenerateRequest(f"cmpl-{batch_id}-{line_no}", Endpoint.COMPLETIONS, "tiny", [1, 2, 3],
+                              SamplingParams(max_tokens=4), 0)  # fmt: skip
+    return {"batch_id": batch_id, "line_no": line_no, "custom_id": f"c{line_no}", "request_id": request.request_id,
+            "status": LineStatus.QUEUED.value, "attempts": 0, "request": request.to_dict(), "prompt_tokens": 3,
+            "completion_tokens": 0, "error": None, "finished_at": None}  # fmt: skip
+
+
+def done(text: str = "ok") -> LineOutcome:
+    return LineOutcome(LineStatus.COMPLETED, text, "length", 4)
+
+
+def statuses(session: Session, batch_id: str) -> list[str]:
+    session.expire_all()
+    query = select(BatchLine.status).where(BatchLine.batch_id == batch_id).order_by(BatchLine.line_no)
+    return list(session.scalars(query))
+
+
+def test_a_line_number_appears_once_per_batch(session: Session) -> None:
+    batch_id = make_batch(session, 1)
+    session.add(BatchLine(**_row(batch_id, 1)))
+    with pytest.raises(IntegrityError):
+        session.commit()
+
+
+def test_dispatch_fills_the_window_with_chunks_oldest_batch_first(session: Session) -> None:
+    first, second = make_batch(session, 4), make_batch(session, 2)
+    chunks = dispatch_chunks(session, CONFIG)
+    assert [chunk.batch_id for chunk in chunks] == [first, first]
+    assert statuses(session, first) == ["dispatched"] * 4 and statuses(session, second) == ["queued"] * 2
+    assert dispatch_chunks(session, CONFIG) == [], "the window is full"
+    owner = "w#1"
+    lines = claim_chunk(session, chunks[1], owner, lease_s=30)
+    assert [line.line_no for line in lines] == [4]
+    assert finish_line(session, lines[0].id, owner, done())
+    assert [chunk.batch_id for chunk in dispatch_chunks(session, CONFIG)] == [second]
+
+
+def test_a_redelivered_chunk_claims_nothing_and_a_result_is_recorded_once(session: Session) -> None:
+    make_batch(session, 3)
+    [chunk] = dispatch_chunks(session, CONFIG)
+    lines = claim_chunk(session, chunk, "w#1", lease_s=30)
+    assert [line.attempts for line in lines] == [1, 1, 1]
+    assert claim_chunk(session, chunk, "w#2", lease_s=30) == []
+    assert finish_line(session, lines[0].id, "w#1", done("first"))
+    assert not finish_line(session, lines[0].id, "w#1", done("second"))
+    assert not finish_line(session, lines[1].id, "w#2", done()), "only the lease holder records"
+    assert renew_lease(session, chunk.chunk_id, "w#1", lease_s=30) == {lines[1].id, lines[2].id}
+    session.expire_all()
+    assert session.get(BatchLine, lines[0].id).text == "first"  # type: ignore[union-attr]
+
+
+def test_lapsed_leases_return_to_the_queue_then_fail_after_max_attempts(session: Session) -> None:
+    batch_id = make_batch(session, 2)
+    for attempt in range(1, CONFIG.batch_max_attempts + 1):
+        [chunk] = dispatch_chunks(session, CONFIG)
+        lines = claim_chunk(session, chunk, f"dead#{attempt}", lease_s=0.0)
+        assert [line.attempts for line in lines] == [attempt, attempt]
+        assert return_lapsed_lines(session, CONFIG, time.time() + 1) == 2
+    assert statuses(session, batch_id) == ["failed", "failed"]
+    assert request_counts(session, batch_id).to_dict() == {"total": 2, "completed": 0, "failed": 2}
+    assert finalize_if_done(session, batch_id)
+    session.expire_all()
+    batch = session.get(BatchRecord, batch_id)
+    assert batch.status == "completed" and batch.output_file_id is None  # type: ignore[union-attr]
+    error_file = session.get(FileRecord, batch.error_file_id)  # type: ignore[union-attr]
+    assert b'"code": "worker_lost"' in error_file.content  # type: ignore[union-attr]
+
+
+def test_a_dispatch_nobody_claimed_is_dispatched_again_and_the_old_message_claims_nothing(session: Session) -> None:
+    batch_id = make_batch(session, 2)
+    [lost] = dispatch_chunks(session, CONFIG)
+    assert return_lapsed_lines(session, CONFIG, time.time() + CONFIG.batch_dispatch_timeout_s + 1) == 2
+    assert statuses(session, batch_id) == ["queued", "queued"]
+    [again] = dispatch_chunks(session, CONFIG)
+    assert claim_chunk(session, lost, "w#1", lease_s=30) == []
+    assert len(claim_chunk(session, again, "w#1", lease_s=30)) == 2
+
+
+def test_expiry_ends_waiting_lines_now_and_running_ones_at_their_lease(session: Session) -> None:
+    batch_id = make_batch(session, 4, expires_in_s=-1)
+    chunk = dispatch_chunks(session, CONFIG)[0]
+    running = claim_chunk(session, chunk, "w#1", lease_s=30)
+    assert finish_line(session, running[0].id, "w#1", done())
+    assert begin_expiry(session, time.time()) == [batch_id]
+    assert statuses(session, batch_id) == ["completed", "running", "running", "expired"]
+    assert not finalize_if_done(session, batch_id), "lines still run"
+    return_lapsed_lines(session, CONFIG, time.time() + 60)
+    assert statuses(session, batch_id) == ["completed", "expired", "expired", "expired"]
+    assert finalize_if_done(session, batch_id) and not finalize_if_done(session, batch_id)
+    session.expire_all()
+    batch = session.get(BatchRecord, batch_id)
+    assert batch.status == "expired" and batch.expired_at is not None  # type: ignore[union-attr]
+    assert request_counts(session, batch_id).to_dict() == {"total": 4, "completed": 1, "failed": 3}
+    output = session.get(FileRecord, batch.output_file_id).content  # type: ignore[union-attr]
+    assert output.count(b"\n") == 1 and b'"custom_id": "c1"' in output
+
+
+def test_closing_twice_writes_one_set_of_files(session: Session) -> None:
+    batch_id = make_batch(session, 1)
+    [chunk] = dispatch_chunks(session, CONFIG)
+    [line] = claim_chunk(session, chunk, "w#1", lease_s=30)
+    assert not finalize_if_done(session, batch_id), "a line is still running"
+    finish_line(session, line.id, "w#1", done())
+    assert finalize_if_done(session, batch_id)
+    assert not finalize_if_done(session, batch_id)
+    files = list(session.scalars(select(FileRecord).where(FileRecord.filename.like(f"{batch_id}%"))))
+    assert [file.filename for file in files] == [f"{batch_id}_output.jsonl"]
+    assert files[0].content == render_jsonl([output_line(session.get(BatchLine, line.id))])  # type: ignore[arg-type]
+
+
+def test_chunk_task_round_trips() -> None:
+    chunk = ChunkTask("batch_1", "chunk_2")
+    assert ChunkTask.from_dict(chunk.to_dict()) == chunk
