@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def compute_build_hash(args: argparse.Namespace) -> str:
     """These sources, the SAE format code, the model's own build hash, the arguments, the library versions."""
     digest = hashlib.sha256()
-    for source in (Path(__file__), Path(tiny_corpus.__file__), REPO_ROOT / "steering" / "sae_math.py"):
+    steering = REPO_ROOT / "steering"
+    for source in (Path(__file__), Path(tiny_corpus.__file__), steering / "sae.py", steering / "sae_math.py"):
         digest.update(source.read_bytes())
     try:
         model_hash = json.loads((args.model / build_tiny_model.STAMP_NAME).read_text())["build_hash"]
