@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 
 from transformers import ContinuousBatchingConfig, GenerationConfig, PreTrainedModel
@@ -22,7 +21,7 @@ from transformers.generation.continuous_batching import ContinuousBatchingManage
 from transformers.generation.continuous_batching.utils import WorkloadHints
 
 from bench.metrics import RequestTrace, RunResult
-from bench.workload import BenchRequest, feed_arrivals
+from bench.workload import BenchRequest, Feeder
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +76,10 @@ class HFContinuousBatching:
 
     def run(self, workload: str, requests: list[BenchRequest]) -> RunResult:
         start = time.perf_counter()
-        feeder = threading.Thread(target=feed_arrivals, args=(requests, start, self._submit), name="hf-cb-feeder")
-        feeder.start()
+        feeder = Feeder(requests, start, self._submit)
         outputs = {}
         while len(outputs) < len(requests):
+            feeder.check()
             output = self._manager.get_result(timeout=RESULT_POLL_S)
             if output is None and not self._manager.is_running():
                 raise RuntimeError("HF's continuous batching thread ended before the workload finished")

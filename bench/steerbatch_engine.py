@@ -12,7 +12,7 @@ import time
 from typing import Protocol
 
 from bench.metrics import RequestTrace, RunResult
-from bench.workload import BenchRequest, feed_arrivals
+from bench.workload import BenchRequest, Feeder
 from tasks.config import Config
 from tasks.messages import SamplingParams
 from worker.engine import Engine, EngineOutput, EngineRequest
@@ -21,6 +21,7 @@ from worker.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 600.0
+POLL_S = 1.0
 
 
 class ServingEngine(Engine, Protocol):
@@ -64,6 +65,16 @@ class _Collector:
             self.finished.set()
 
 
+def wait_for(collector: _Collector, request_id: str, feeder: Feeder) -> None:
+    deadline = time.perf_counter() + REQUEST_TIMEOUT_S
+    while not collector.finished.wait(POLL_S):
+        feeder.check()
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{request_id} did not finish within {REQUEST_TIMEOUT_S:.0f}s")
+    if collector.error is not None:
+        raise RuntimeError(f"the engine failed {request_id}: {collector.error}")
+
+
 class SteerbatchEngine:
     key = "steerbatch"
 
@@ -80,13 +91,9 @@ class SteerbatchEngine:
             engine_request = EngineRequest(request.request_id, request.prompt_token_ids, sampling)
             self._engine.submit(engine_request, collectors[request.request_id])
 
-        feeder = threading.Thread(target=feed_arrivals, args=(requests, start, submit), name="engine-feeder")
-        feeder.start()
+        feeder = Feeder(requests, start, submit)
         for request_id, collector in collectors.items():
-            if not collector.finished.wait(REQUEST_TIMEOUT_S):
-                raise RuntimeError(f"{request_id} did not finish within {REQUEST_TIMEOUT_S:.0f}s")
-            if collector.error is not None:
-                raise RuntimeError(f"the engine failed {request_id}: {collector.error}")
+            wait_for(collector, request_id, feeder)
         feeder.join()
         traces = [
             RequestTrace(request.request_id, start + request.arrival_s, collector.token_ids, collector.token_times)

@@ -1,4 +1,4 @@
-"""The benchmark's requests, the same for every engine: seeded prompts, output lengths, and arrival times.
+"""The benchmark's requests, the same for every engine (seeded prompts, lengths, arrival times), and their feeder.
 
 Prompts are random token ids rather than tokenized text: every engine generates exactly the requested number of
 tokens (EOS is ignored), so the cost of a request depends only on its lengths, and random ids give exact,
@@ -8,6 +8,7 @@ seed-determined lengths without the tokenizer or a corpus. Special tokens (BOS, 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -72,8 +73,32 @@ def wait_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
-def feed_arrivals(requests: list[BenchRequest], start: float, submit: Callable[[BenchRequest], None]) -> None:
-    """Submits each request at its arrival time after `start`, in arrival order; run it in a feeder thread."""
-    for request in sorted(requests, key=lambda request: request.arrival_s):
-        wait_until(start + request.arrival_s)
-        submit(request)
+class Feeder:
+    """A thread that submits each request at its arrival time after `start`, in arrival order.
+
+    Whoever waits for the outputs polls `check()`, so a failing submit ends the run instead of hanging it.
+    """
+
+    def __init__(self, requests: list[BenchRequest], start: float, submit: Callable[[BenchRequest], None]) -> None:
+        self._requests = sorted(requests, key=lambda request: request.arrival_s)
+        self._start = start
+        self._submit = submit
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._feed, name="bench-feeder", daemon=True)
+        self._thread.start()
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("submitting a request failed") from self._error
+
+    def join(self) -> None:
+        self._thread.join()
+        self.check()
+
+    def _feed(self) -> None:
+        try:
+            for request in self._requests:
+                wait_until(self._start + request.arrival_s)
+                self._submit(request)
+        except Exception as exc:
+            self._error = exc
