@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.completions import completion_body
+from tasks.completions import choice_logprobs_of, completion_body
 from tasks.messages import Endpoint, EventType, StreamEvent, Usage
 from tasks.models import RequestRecord
 
@@ -40,6 +40,7 @@ def completion_object(record: RequestRecord) -> dict[str, Any]:
         text=result.text,
         finish_reason=result.finish_reason,
         usage=Usage(record.prompt_tokens, result.completion_tokens),
+        logprobs=result.logprobs,
     )
 
 
@@ -65,18 +66,27 @@ def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
     if event.type == EventType.START:
         return [_chunk(meta, {"role": "assistant", "content": ""}, None)] if meta.endpoint == Endpoint.CHAT else []
     if event.type == EventType.DELTA:
-        return [_chunk(meta, {"content": event.text}, None, text=event.text)] if event.text else []
+        if not (event.text or event.logprobs):
+            return []
+        logprobs = choice_logprobs_of(meta.endpoint, event.logprobs) if event.logprobs else None
+        return [_chunk(meta, {"content": event.text}, None, text=event.text, logprobs=logprobs)]
     chunks = [_chunk(meta, {}, event.finish_reason.value if event.finish_reason else None)]
     if meta.include_usage and event.usage is not None:
         chunks.append({**_envelope(meta), "choices": [], "usage": event.usage.to_dict()})
     return chunks
 
 
-def _chunk(meta: StreamMeta, delta: dict[str, Any], finish_reason: str | None, text: str = "") -> dict[str, Any]:
+def _chunk(
+    meta: StreamMeta,
+    delta: dict[str, Any],
+    finish_reason: str | None,
+    text: str = "",
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     if meta.endpoint == Endpoint.CHAT:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     chunk = {**_envelope(meta), "choices": [choice]}
     if meta.include_usage:
         chunk["usage"] = None

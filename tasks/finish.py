@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 from sqlalchemy.orm import Session
 
@@ -22,13 +24,20 @@ def finish_request(
     completion_tokens: int = 0,
     finish_reason: FinishReason | None = None,
     error: ErrorInfo | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> bool:
     """True if this call ended the request; False, streaming nothing, if another writer already had.
 
     SQL first, so whoever sees the final event can read the result; only the writer of the one result streams
     the final event, so a stream never carries two."""
     recorded = record_result(
-        session, request_id, text=text, completion_tokens=completion_tokens, finish_reason=finish_reason, error=error
+        session,
+        request_id,
+        text=text,
+        completion_tokens=completion_tokens,
+        finish_reason=finish_reason,
+        error=error,
+        logprobs=logprobs,
     )
     if recorded:
         prompt_tokens = session.get(RequestRecord, request_id).prompt_tokens  # type: ignore[union-attr]

@@ -157,12 +157,14 @@ class StreamEvent:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: ErrorInfo | None = None
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # DELTA: chat's logprobs.content entries
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "type": self.type.value,
             "text": self.text,
             "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
             "finish_reason": self.finish_reason.value if self.finish_reason else None,
             "usage": self.usage.to_dict() if self.usage else None,
             "error": self.error.to_dict() if self.error else None,
@@ -177,4 +179,5 @@ class StreamEvent:
             finish_reason=FinishReason(data["finish_reason"]) if data.get("finish_reason") else None,
             usage=Usage.from_dict(data["usage"]) if data.get("usage") else None,
             error=ErrorInfo.from_dict(data["error"]) if data.get("error") else None,
+            logprobs=list(data.get("logprobs", [])),
         )

@@ -52,5 +52,6 @@ class ResultRecord(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # chat's content entries
     finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     request: Mapped[RequestRecord] = relationship(back_populates="result")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -44,6 +45,7 @@ def record_result(
     completion_tokens: int,
     finish_reason: FinishReason | None,
     error: ErrorInfo | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Store the one result of a request; True if this call stored it, False if another writer had."""
     if session.get(ResultRecord, request_id) is not None:
@@ -56,6 +58,7 @@ def record_result(
             finish_reason=finish_reason.value if finish_reason else None,
             completion_tokens=completion_tokens,
             error=error.to_dict() if error else None,
+            logprobs=logprobs,
             finished_at=datetime.now(timezone.utc),
         )
     )

@@ -6,6 +6,7 @@ import logging
 import queue
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from transformers import PreTrainedTokenizerFast
@@ -18,6 +19,7 @@ from tasks.models import TERMINAL_STATUSES, RequestStatus
 from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
 from worker.engine import Engine, EngineOutput, EngineRequest
+from worker.logprob_entries import logprob_entries
 from worker.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ class Outcome:
     completion_tokens: int
     finish_reason: FinishReason | None
     error: ErrorInfo | None = None
+    logprobs: list[dict[str, Any]] | None = None  # None unless the request asked for logprobs
 
 
 class GenerationHandler:
@@ -93,6 +96,7 @@ class GenerationHandler:
     def _follow(self, request: GenerateRequest, outputs: queue.Queue[EngineOutput]) -> Outcome:
         text_stream = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop)
         num_tokens = 0
+        logprobs: list[dict[str, Any]] | None = None if request.sampling.logprobs is None else []
         next_cancel_check = 0.0
         while True:
             if time.monotonic() >= next_cancel_check:
@@ -108,16 +112,23 @@ class GenerationHandler:
             if output.error is not None:
                 return Outcome(text_stream.text, num_tokens, None, ErrorInfo(output.error, "server_error"))
             num_tokens += len(output.new_token_ids)
-            self._emit_text(request.request_id, text_stream.push(output.new_token_ids), output.new_token_ids)
+            entries = logprob_entries(self.tokenizer, output.logprobs)
+            if logprobs is not None:
+                logprobs.extend(entries)
+            text = text_stream.push(output.new_token_ids)
+            self._emit_text(request.request_id, text, output.new_token_ids, entries)
             if text_stream.is_stopped:
-                return Outcome(text_stream.text, num_tokens, FinishReason.STOP)
+                return Outcome(text_stream.text, num_tokens, FinishReason.STOP, logprobs=logprobs)
             if output.finish_reason is not None:
                 self._emit_text(request.request_id, text_stream.flush(), [])
-                return Outcome(text_stream.text, num_tokens, output.finish_reason)
+                return Outcome(text_stream.text, num_tokens, output.finish_reason, logprobs=logprobs)
 
-    def _emit_text(self, request_id: str, text: str, token_ids: list[int]) -> None:
+    def _emit_text(
+        self, request_id: str, text: str, token_ids: list[int], logprobs: list[dict[str, Any]] | None = None
+    ) -> None:
         if text or token_ids:
-            self._emit(request_id, StreamEvent(EventType.DELTA, text=text, token_ids=token_ids))
+            event = StreamEvent(EventType.DELTA, text=text, token_ids=token_ids, logprobs=logprobs or [])
+            self._emit(request_id, event)
 
     def _emit(self, request_id: str, event: StreamEvent) -> None:
         append_event(self.redis, self.config, request_id, event)
@@ -133,6 +144,7 @@ class GenerationHandler:
                 completion_tokens=outcome.completion_tokens,
                 finish_reason=outcome.finish_reason,
                 error=outcome.error,
+                logprobs=outcome.logprobs,
             )
         if not is_recorded:
             logger.warning("request %s already had a result; this run's is dropped", request.request_id)

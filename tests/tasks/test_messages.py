@@ -12,6 +12,7 @@ from tasks.messages import (
     GenerateRequest,
     SamplingParams,
     StreamEvent,
+    TokenLogprob,
     Usage,
 )
 
@@ -32,9 +33,15 @@ def test_stream_events_round_trip_through_json() -> None:
     events = [
         StreamEvent(EventType.START),
         StreamEvent(EventType.DELTA, text="hé", token_ids=[4, 5]),
+        StreamEvent(EventType.DELTA, text="a", token_ids=[6], logprobs=[{"token": "a", "logprob": -0.5}]),
         StreamEvent(EventType.FINAL, finish_reason=FinishReason.LENGTH, usage=Usage(3, 4)),
         StreamEvent(EventType.FINAL, usage=Usage(3, 0), error=ErrorInfo("boom", "server_error")),
     ]
     for event in events:
         assert StreamEvent.from_dict(json.loads(json.dumps(event.to_dict()))) == event
     assert Usage(3, 4).to_dict()["total_tokens"] == 7
+
+
+def test_token_logprobs_round_trip_through_json() -> None:
+    entry = TokenLogprob(7, -0.25, ((7, -0.25), (3, -2.0)))
+    assert TokenLogprob.from_dict(json.loads(json.dumps(entry.to_dict()))) == entry
