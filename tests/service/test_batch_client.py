@@ -1,0 +1,31 @@
+"""The command-line client: upload, run, progress, and the output and error files on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import requests
+
+from scripts.batch_client import main
+from scripts.stack import Stack
+from tests.service.batch_helpers import chat_line
+
+
+def test_submit_writes_the_output_and_error_files_and_a_key_resumes(stack: Stack, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [json.dumps(chat_line(stack, f"p-{i}", max_tokens=3)) for i in range(3)] + ["not json"]
+    prompts.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "results.jsonl"
+    args = ["submit", str(prompts), "--out", str(out), "--base-url", f"{stack.base_url}/v1", "--poll-s", "0.1"]
+    assert main([*args, "--idempotency-key", "cli-run"]) == 0
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(result["custom_id"] for result in results) == ["p-0", "p-1", "p-2"]
+    [error] = [json.loads(line) for line in (tmp_path / "results.errors.jsonl").read_text().splitlines()]
+    assert error["error"]["line"] == 4 and error["error"]["code"] == "invalid_json"
+
+    num_batches = len(requests.get(f"{stack.base_url}/v1/batches?limit=100", timeout=10).json()["data"])
+    out.unlink()
+    assert main([*args, "--idempotency-key", "cli-run"]) == 0
+    assert len(out.read_text().splitlines()) == 3
+    assert len(requests.get(f"{stack.base_url}/v1/batches?limit=100", timeout=10).json()["data"]) == num_batches
