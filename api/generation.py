@@ -48,6 +48,7 @@ def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int]
         prompt_token_ids=prompt_ids,
         sampling=sampling,
         created=int(time.time()),
+        n=fields.n,
     )
     record = _record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)

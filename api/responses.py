@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.completions import choice_logprobs_of, completion_body
-from tasks.messages import Endpoint, EventType, StreamEvent, Usage
+from tasks.messages import ChoiceResult, Endpoint, EventType, StreamEvent, Usage
 from tasks.models import RequestRecord
 
 
@@ -41,6 +41,7 @@ def completion_object(record: RequestRecord) -> dict[str, Any]:
         finish_reason=result.finish_reason,
         usage=Usage(record.prompt_tokens, result.completion_tokens),
         logprobs=result.logprobs,
+        extra_choices=[ChoiceResult.from_dict(choice) for choice in result.extra_choices or []],
     )
 
 
@@ -66,10 +67,12 @@ def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
     if event.type == EventType.START:
         return [_chunk(meta, {"role": "assistant", "content": ""}, None)] if meta.endpoint == Endpoint.CHAT else []
     if event.type == EventType.DELTA:
-        if not (event.text or event.logprobs):
+        if not (event.text or event.logprobs or event.finish_reason):
             return []
         logprobs = choice_logprobs_of(meta.endpoint, event.logprobs) if event.logprobs else None
-        return [_chunk(meta, {"content": event.text}, None, text=event.text, logprobs=logprobs)]
+        finish_reason = event.finish_reason.value if event.finish_reason else None
+        delta = {"content": event.text} if event.text or not finish_reason else {}
+        return [_chunk(meta, delta, finish_reason, text=event.text, logprobs=logprobs, index=event.index)]
     chunks = [_chunk(meta, {}, event.finish_reason.value if event.finish_reason else None)]
     if meta.include_usage and event.usage is not None:
         chunks.append({**_envelope(meta), "choices": [], "usage": event.usage.to_dict()})
@@ -82,11 +85,12 @@ def _chunk(
     finish_reason: str | None,
     text: str = "",
     logprobs: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     if meta.endpoint == Endpoint.CHAT:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     chunk = {**_envelope(meta), "choices": [choice]}
     if meta.include_usage:
         chunk["usage"] = None

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 16
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
@@ -49,7 +50,7 @@ class GenerationFields(StrictModel):
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
@@ -60,14 +61,6 @@ class GenerationFields(StrictModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
-
-    @field_validator("n")
-    @classmethod
-    def _defaults_only(cls, value: float, info: ValidationInfo) -> float:
-        default = GenerationFields.model_fields[info.field_name].default
-        if value != default:
-            raise ValueError(f"only {default} is supported for now")
-        return value
 
     @field_validator("stop")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.messages import Endpoint, Usage
+from tasks.messages import ChoiceResult, Endpoint, Usage
 
 
 def completion_body(
@@ -17,24 +17,37 @@ def completion_body(
     finish_reason: str | None,
     usage: Usage,
     logprobs: list[dict[str, Any]] | None = None,
+    extra_choices: list[ChoiceResult] | None = None,
 ) -> dict[str, Any]:
-    """OpenAI's `chat.completion` or `text_completion` object with one choice."""
-    choice_logprobs = choice_logprobs_of(endpoint, logprobs)
-    if endpoint == Endpoint.CHAT:
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": choice_logprobs, "finish_reason": finish_reason}
-        object_name = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": choice_logprobs, "finish_reason": finish_reason}
-        object_name = "text_completion"
+    """OpenAI's `chat.completion` or `text_completion` object: choice 0, then any further choices of n > 1."""
+    first = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
+    choices = [first] + [choice.to_dict() for choice in extra_choices or []]
     return {
         "id": request_id,
-        "object": object_name,
+        "object": "chat.completion" if endpoint == Endpoint.CHAT else "text_completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": [_choice_object(endpoint, choice) for choice in choices],
         "usage": usage.to_dict(),
         "system_fingerprint": None,
+    }
+
+
+def _choice_object(endpoint: Endpoint, choice: dict[str, Any]) -> dict[str, Any]:
+    logprobs = choice_logprobs_of(endpoint, choice["logprobs"])
+    if endpoint == Endpoint.CHAT:
+        message = {"role": "assistant", "content": choice["text"]}
+        return {
+            "index": choice["index"],
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": choice["finish_reason"],
+        }
+    return {
+        "index": choice["index"],
+        "text": choice["text"],
+        "logprobs": logprobs,
+        "finish_reason": choice["finish_reason"],
     }
 
 

@@ -25,6 +25,7 @@ def finish_request(
     finish_reason: FinishReason | None = None,
     error: ErrorInfo | None = None,
     logprobs: list[dict[str, Any]] | None = None,
+    extra_choices: list[dict[str, Any]] | None = None,
 ) -> bool:
     """True if this call ended the request; False, streaming nothing, if another writer already had.
 
@@ -38,6 +39,7 @@ def finish_request(
         finish_reason=finish_reason,
         error=error,
         logprobs=logprobs,
+        extra_choices=extra_choices,
     )
     if recorded:
         prompt_tokens = session.get(RequestRecord, request_id).prompt_tokens  # type: ignore[union-attr]

@@ -71,8 +71,27 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ChoiceResult:
+    """One of a request's `n` completions; `logprobs` holds chat's content entries when they were asked for."""
+
+    index: int
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        reason = self.finish_reason.value if self.finish_reason else None
+        return {"index": self.index, "text": self.text, "finish_reason": reason, "logprobs": self.logprobs}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChoiceResult:
+        reason = FinishReason(data["finish_reason"]) if data.get("finish_reason") else None
+        return cls(int(data["index"]), data["text"], reason, data.get("logprobs"))
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
-    """What the api hands the worker: a tokenized prompt and how to sample it."""
+    """What the api hands the worker: a tokenized prompt and how to sample it, `n` times."""
 
     request_id: str
     endpoint: Endpoint
@@ -80,6 +99,7 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     created: int
+    n: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +109,7 @@ class GenerateRequest:
             "prompt_token_ids": list(self.prompt_token_ids),
             "sampling": self.sampling.to_dict(),
             "created": self.created,
+            "n": self.n,
         }
 
     @classmethod
@@ -100,6 +121,7 @@ class GenerateRequest:
             prompt_token_ids=list(data["prompt_token_ids"]),
             sampling=SamplingParams.from_dict(data["sampling"]),
             created=int(data["created"]),
+            n=int(data.get("n", 1)),
         )
 
 
@@ -158,6 +180,7 @@ class StreamEvent:
     usage: Usage | None = None
     error: ErrorInfo | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # DELTA: chat's logprobs.content entries
+    index: int = 0  # DELTA: the choice; with n > 1 a DELTA ends choices 1.. with finish_reason, FINAL ends choice 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,6 +188,7 @@ class StreamEvent:
             "text": self.text,
             "token_ids": list(self.token_ids),
             "logprobs": list(self.logprobs),
+            "index": self.index,
             "finish_reason": self.finish_reason.value if self.finish_reason else None,
             "usage": self.usage.to_dict() if self.usage else None,
             "error": self.error.to_dict() if self.error else None,
@@ -180,4 +204,5 @@ class StreamEvent:
             usage=Usage.from_dict(data["usage"]) if data.get("usage") else None,
             error=ErrorInfo.from_dict(data["error"]) if data.get("error") else None,
             logprobs=list(data.get("logprobs", [])),
+            index=int(data.get("index", 0)),
         )

@@ -53,5 +53,6 @@ class ResultRecord(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # chat's content entries
+    extra_choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # n > 1: ChoiceResults
     finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     request: Mapped[RequestRecord] = relationship(back_populates="result")

@@ -46,6 +46,7 @@ def record_result(
     finish_reason: FinishReason | None,
     error: ErrorInfo | None = None,
     logprobs: list[dict[str, Any]] | None = None,
+    extra_choices: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Store the one result of a request; True if this call stored it, False if another writer had."""
     if session.get(ResultRecord, request_id) is not None:
@@ -59,6 +60,7 @@ def record_result(
             completion_tokens=completion_tokens,
             error=error.to_dict() if error else None,
             logprobs=logprobs,
+            extra_choices=extra_choices,
             finished_at=datetime.now(timezone.utc),
         )
     )

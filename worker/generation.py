@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 from transformers import PreTrainedTokenizerFast
@@ -14,12 +14,12 @@ from transformers import PreTrainedTokenizerFast
 from tasks.config import Config
 from tasks.db import SessionFactory
 from tasks.finish import finish_request
-from tasks.messages import ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent
+from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent
 from tasks.models import TERMINAL_STATUSES, RequestStatus
 from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
+from worker.choice import Choice, ChoiceDelta
 from worker.engine import Engine, EngineOutput, EngineRequest
-from worker.logprob_entries import logprob_entries
 from worker.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
@@ -28,11 +28,14 @@ CANCEL_POLL_S = 0.05
 
 @dataclass(frozen=True)
 class Outcome:
-    text: str
-    completion_tokens: int
-    finish_reason: FinishReason | None
+    choices: list[ChoiceResult]
+    completion_tokens: int  # over all choices, as OpenAI's usage counts them
     error: ErrorInfo | None = None
-    logprobs: list[dict[str, Any]] | None = None  # None unless the request asked for logprobs
+
+    @classmethod
+    def ended(cls, finish_reason: FinishReason | None, error: ErrorInfo | None = None) -> Outcome:
+        """An outcome with nothing generated."""
+        return cls([ChoiceResult(0, "", finish_reason)], 0, error)
 
 
 class GenerationHandler:
@@ -57,14 +60,14 @@ class GenerationHandler:
             return
         try:
             if is_cancel_requested(self.redis, self.config, request.request_id):
-                outcome = Outcome("", 0, FinishReason.ABORT)
+                outcome = Outcome.ended(FinishReason.ABORT)
             else:
                 self._emit(request.request_id, StreamEvent(EventType.START))
                 outcome = self._run(request)
         except Exception:
             # Redis or the database failed mid-request: still leave exactly one result, if they let us.
             logger.exception("request %s failed in the worker", request.request_id)
-            outcome = Outcome("", 0, None, ErrorInfo("The worker failed while generating.", "server_error"))
+            outcome = Outcome.ended(None, ErrorInfo("The worker failed while generating.", "server_error"))
         self._finish(request, outcome)
 
     def _claim(self, request: GenerateRequest) -> bool:
@@ -80,55 +83,68 @@ class GenerationHandler:
         if previous == RequestStatus.RUNNING:
             # A worker took it and died: rerunning could repeat text a client has already seen.
             error = ErrorInfo("The worker running this request stopped mid-generation.", "server_error")
-            self._finish(request, Outcome("", 0, None, error))
+            self._finish(request, Outcome.ended(None, error))
             return False
         return True
 
     def _run(self, request: GenerateRequest) -> Outcome:
         outputs: queue.Queue[EngineOutput] = queue.Queue()
-        engine_request = EngineRequest(request.request_id, request.prompt_token_ids, request.sampling)
-        self.engine.submit(engine_request, outputs.put)
+        choices = [self._start_choice(request, index, outputs) for index in range(request.n)]
         try:
-            return self._follow(request, outputs)
+            return self._follow(request, choices, outputs)
         finally:
-            self.engine.cancel(request.request_id)  # a no-op once the engine has finished the request
+            for choice in choices:
+                self.engine.cancel(choice.engine_request_id)  # a no-op once the engine has finished it
 
-    def _follow(self, request: GenerateRequest, outputs: queue.Queue[EngineOutput]) -> Outcome:
-        text_stream = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop)
-        num_tokens = 0
-        logprobs: list[dict[str, Any]] | None = None if request.sampling.logprobs is None else []
+    def _start_choice(self, request: GenerateRequest, index: int, outputs: queue.Queue[EngineOutput]) -> Choice:
+        """Choice i of n runs as its own engine request; a seeded request's choice i uses seed + i."""
+        engine_request_id = request.request_id if request.n == 1 else f"{request.request_id}#{index}"
+        sampling = request.sampling
+        if sampling.seed is not None and index > 0:
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
+        self.engine.submit(EngineRequest(engine_request_id, request.prompt_token_ids, sampling), outputs.put)
+        text_stream = TextStream(self.tokenizer, request.prompt_token_ids, sampling.stop)
+        return Choice(index, engine_request_id, text_stream, wants_logprobs=sampling.logprobs is not None)
+
+    def _follow(self, request: GenerateRequest, choices: list[Choice], outputs: queue.Queue[EngineOutput]) -> Outcome:
+        by_engine_id = {choice.engine_request_id: choice for choice in choices}
         next_cancel_check = 0.0
-        while True:
+        while not all(choice.is_done for choice in choices):
             if time.monotonic() >= next_cancel_check:
                 next_cancel_check = time.monotonic() + CANCEL_POLL_S
                 if not self.engine.is_alive():
-                    return Outcome(text_stream.text, num_tokens, None, ErrorInfo("The engine stopped.", "server_error"))
+                    return _outcome(choices, ErrorInfo("The engine stopped.", "server_error"))
                 if is_cancel_requested(self.redis, self.config, request.request_id):
-                    self.engine.cancel(request.request_id)
+                    for choice in choices:
+                        self.engine.cancel(choice.engine_request_id)
             try:
                 output = outputs.get(timeout=CANCEL_POLL_S)
             except queue.Empty:
                 continue
-            if output.error is not None:
-                return Outcome(text_stream.text, num_tokens, None, ErrorInfo(output.error, "server_error"))
-            num_tokens += len(output.new_token_ids)
-            entries = logprob_entries(self.tokenizer, output.logprobs)
-            if logprobs is not None:
-                logprobs.extend(entries)
-            text = text_stream.push(output.new_token_ids)
-            self._emit_text(request.request_id, text, output.new_token_ids, entries)
-            if text_stream.is_stopped:
-                return Outcome(text_stream.text, num_tokens, FinishReason.STOP, logprobs=logprobs)
-            if output.finish_reason is not None:
-                self._emit_text(request.request_id, text_stream.flush(), [])
-                return Outcome(text_stream.text, num_tokens, output.finish_reason, logprobs=logprobs)
+            choice = by_engine_id[output.request_id]
+            if choice.is_done:
+                continue  # the abort that follows a stop string
+            delta = choice.apply(output, self.tokenizer)
+            if choice.error is not None:
+                return _outcome(choices, ErrorInfo(choice.error, "server_error"))
+            self._emit_delta(request, choice.index, delta)
+            if choice.is_done and output.finish_reason is None:
+                self.engine.cancel(choice.engine_request_id)  # a stop string ended it before the engine did
+        return _outcome(choices)
 
-    def _emit_text(
-        self, request_id: str, text: str, token_ids: list[int], logprobs: list[dict[str, Any]] | None = None
-    ) -> None:
-        if text or token_ids:
-            event = StreamEvent(EventType.DELTA, text=text, token_ids=token_ids, logprobs=logprobs or [])
-            self._emit(request_id, event)
+    def _emit_delta(self, request: GenerateRequest, index: int, delta: ChoiceDelta) -> None:
+        """Choice 0's finish reason rides on the FINAL event; the others end with their last DELTA."""
+        finish_reason = delta.finish_reason if index > 0 else None
+        if delta.text or delta.token_ids or finish_reason is not None:
+            event = StreamEvent(
+                EventType.DELTA,
+                text=delta.text,
+                token_ids=delta.token_ids,
+                logprobs=delta.logprobs,
+                index=index,
+                finish_reason=finish_reason,
+            )
+            self._emit(request.request_id, event)
 
     def _emit(self, request_id: str, event: StreamEvent) -> None:
         append_event(self.redis, self.config, request_id, event)
@@ -140,11 +156,12 @@ class GenerationHandler:
                 self.redis,
                 self.config,
                 request.request_id,
-                text=outcome.text,
+                text=outcome.choices[0].text,
                 completion_tokens=outcome.completion_tokens,
-                finish_reason=outcome.finish_reason,
+                finish_reason=outcome.choices[0].finish_reason,
                 error=outcome.error,
-                logprobs=outcome.logprobs,
+                logprobs=outcome.choices[0].logprobs,
+                extra_choices=[choice.to_dict() for choice in outcome.choices[1:]] or None,
             )
         if not is_recorded:
             logger.warning("request %s already had a result; this run's is dropped", request.request_id)
@@ -152,6 +169,12 @@ class GenerationHandler:
         logger.info(
             "request %s finished: %s, %d tokens",
             request.request_id,
-            outcome.finish_reason.value if outcome.finish_reason else "error",
+            outcome.choices[0].finish_reason.value
+            if outcome.error is None and outcome.choices[0].finish_reason
+            else "error",
             outcome.completion_tokens,
         )
+
+
+def _outcome(choices: list[Choice], error: ErrorInfo | None = None) -> Outcome:
+    return Outcome([choice.result() for choice in choices], sum(choice.num_tokens for choice in choices), error)

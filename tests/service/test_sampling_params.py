@@ -90,3 +90,23 @@ def test_penalties_change_the_greedy_text(stack: Stack) -> None:
     plain = client.completions.create(**base).choices[0].text
     penalized = client.completions.create(**base, frequency_penalty=1.5, presence_penalty=1.0).choices[0].text
     assert penalized != plain
+
+
+def test_n_choices_non_streamed_and_streamed_agree(stack: Stack) -> None:
+    client = client_for(stack)
+    params = {"model": stack.config.model_name, "messages": MESSAGES, "max_tokens": 10, "temperature": 1.2, "seed": 5}
+    reply = client.chat.completions.create(**params, n=3, logprobs=True)
+    assert [choice.index for choice in reply.choices] == [0, 1, 2]
+    assert reply.usage.completion_tokens == sum(len(choice.logprobs.content) for choice in reply.choices)
+    texts = [choice.message.content for choice in reply.choices]
+    assert len(set(texts)) > 1, "seed + i gives each choice its own draws"
+
+    streamed: dict[int, str] = {0: "", 1: "", 2: ""}
+    finished: dict[int, str] = {}
+    for chunk in client.chat.completions.create(**params, n=3, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished[choice.index] = choice.finish_reason
+    assert [streamed[i] for i in range(3)] == texts
+    assert sorted(finished) == [0, 1, 2]

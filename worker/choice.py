@@ -1,0 +1,59 @@
+"""One of a request's `n` completions, as the task handler follows its engine outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerFast
+
+from tasks.messages import ChoiceResult, FinishReason
+from worker.engine import EngineOutput
+from worker.logprob_entries import logprob_entries
+from worker.text_stream import TextStream
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """What one engine output adds to a choice for the client; `finish_reason` once the choice has ended."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]]
+    finish_reason: FinishReason | None
+
+
+@dataclass
+class Choice:
+    index: int
+    engine_request_id: str
+    text_stream: TextStream
+    wants_logprobs: bool
+    num_tokens: int = 0
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    @property
+    def is_done(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+    def apply(self, output: EngineOutput, tokenizer: PreTrainedTokenizerFast) -> ChoiceDelta:
+        if output.error is not None:
+            self.error = output.error
+            return ChoiceDelta("", [], [], None)
+        self.num_tokens += len(output.new_token_ids)
+        entries = logprob_entries(tokenizer, output.logprobs)
+        self.logprobs.extend(entries)
+        text = self.text_stream.push(output.new_token_ids)
+        if self.text_stream.is_stopped:
+            self.finish_reason = FinishReason.STOP
+        elif output.finish_reason is not None:
+            text += self.text_stream.flush()
+            self.finish_reason = output.finish_reason
+        return ChoiceDelta(text, output.new_token_ids, entries, self.finish_reason)
+
+    def result(self) -> ChoiceResult:
+        return ChoiceResult(
+            self.index, self.text_stream.text, self.finish_reason, self.logprobs if self.wants_logprobs else None
+        )
