@@ -1,0 +1,96 @@
+"""What the Batch API benchmarks share: a stack of real processes on a throwaway database, prompts, and batches
+submitted and awaited through the `openai` client."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from openai import OpenAI
+from openai.types import Batch
+from transformers import PreTrainedTokenizerFast
+
+from bench.workload import BenchRequest, WorkloadSpec, make_workload
+from scripts.stack import Stack
+from tasks.config import Config
+
+logger = logging.getLogger(__name__)
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def bench_config(model: str, **overrides: object) -> Config:
+    """The environment's Config on a fresh SQLite file, with keys and queues no other run shares."""
+    run = uuid.uuid4().hex[:8]
+    database = Path(tempfile.mkdtemp(prefix="steerbatch-bench-")) / "bench.db"
+    return dataclasses.replace(
+        Config.from_env(),
+        model=model,
+        database_url=f"sqlite:///{database}",
+        redis_prefix=f"bench-{run}:",
+        interactive_queue=f"bench-{run}-interactive",
+        bulk_queue=f"bench-{run}-bulk",
+        port=_free_port(),
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_stack(config: Config) -> Iterator[Stack]:
+    stack = Stack(config, log_dir=Path(tempfile.mkdtemp(prefix="steerbatch-bench-logs-")))
+    stack.start()
+    logger.info("stack up at %s (logs in %s)", stack.base_url, stack.log_dir)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def client_for(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def random_prompts(config: Config, spec: WorkloadSpec) -> list[BenchRequest]:
+    """Random token-id prompts with exact lengths; EOS is ignored, so each generates exactly its output length."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(config.model)
+    return make_workload("bench", spec, len(tokenizer), set(tokenizer.all_special_ids), poisson_rate_per_s=None)
+
+
+def completion_lines(config: Config, requests: list[BenchRequest]) -> bytes:
+    lines = []
+    for request in requests:
+        body = {
+            "model": config.model_name,
+            "prompt": request.prompt_token_ids,
+            "temperature": 0,
+            "max_tokens": request.num_output_tokens,
+            "ignore_eos": True,
+        }
+        lines.append({"custom_id": request.request_id, "method": "POST", "url": "/v1/completions", "body": body})
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def create_batch(stack: Stack, content: bytes) -> Batch:
+    client = client_for(stack)
+    upload = client.files.create(file=("bench.jsonl", content), purpose="batch")
+    return client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+
+
+def wait_for_end(stack: Stack, batch_id: str, poll_s: float = 0.25) -> Batch:
+    client = client_for(stack)
+    while (batch := client.batches.retrieve(batch_id)).status not in TERMINAL:
+        time.sleep(poll_s)
+    return batch
