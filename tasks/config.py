@@ -51,6 +51,12 @@ class Config:
     batch_line_lease_s: float = 30.0  # a running line whose worker stops renewing this long goes back to the queue
     batch_dispatch_timeout_s: float = 120.0  # a chunk no worker claimed in this long is dispatched again
     batch_reaper_interval_s: float = 5.0  # how often each worker's reaper returns lapsed leases and expires batches
+    # SAE steering and monitoring
+    sae_root: str = str(REPO_ROOT / "models" / "saes")  # SAE ids are folders relative to it
+    steering_vector_root: str = str(REPO_ROOT / "models" / "vectors")  # a steering vector's `path` is relative to it
+    steering_max_strength: float = 1000.0  # strengths beyond it are clamped, and the response says so
+    monitor_max_top_k: int = 64
+    monitor_max_values: int = 32768  # positions x top_k one request may ask to monitor; more is a 400
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:

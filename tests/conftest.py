@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -39,6 +40,25 @@ def tiny_model_dir() -> Path:
     out = REPO_ROOT / "models" / "tiny"
     subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--out", str(out)], cwd=REPO_ROOT, check=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_sae_root(tiny_model_dir: Path) -> Path:
+    """models/saes with the tiny model's SAE built the Makefile's way (a no-op when it is up to date)."""
+    from tests.steering.sae_folders import TINY_SAE_ID  # imports torch, which api-only test runs need not load
+
+    root = REPO_ROOT / "models" / "saes"
+    command = [sys.executable, "-m", "scripts.build_tiny_sae", "--model", str(tiny_model_dir)]
+    subprocess.run([*command, "--out", str(root / TINY_SAE_ID)], cwd=REPO_ROOT, check=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def steering_demo(tiny_sae_root: Path) -> dict:
+    """The constructed features of the tiny SAE: index, the token each raises, a strength that makes it the top."""
+    from tests.steering.sae_folders import TINY_SAE_ID
+
+    return json.loads((tiny_sae_root / TINY_SAE_ID / "steering_demo.json").read_text())
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,10 @@ steps, so a request joins the batch at the next step and a cancelled one frees i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,22 +20,46 @@ from scheduler.request import Request
 from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
+from tasks.steering_messages import MonitoredPosition
 from worker.engine import EngineOutput, EngineRequest, OutputCallback
 from worker.engine_stats import EngineStats
 from worker.model_runner import ModelRunner
+from worker.request_sae import RequestSAE, resolve_request_sae
 from worker.sampler import SamplingRow, sample
+from worker.worker_monitor import WorkerMonitor
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class _Sequence:
-    """The engine's side of one request: how to sample it and whom to tell."""
+    """The engine's side of one request: how to sample, steer and monitor it, and whom to tell."""
 
     request: EngineRequest
     on_output: OutputCallback
     generator: torch.Generator | None
     scheduled: Request
+    sae: RequestSAE | None = None
+    is_steering_reported: bool = False
+    monitored: list[MonitoredPosition] = field(default_factory=list)  # read since the request's last output
+
+    def with_reports(self, output: EngineOutput) -> EngineOutput:
+        """`output` carrying the applied steering (the first time) and the positions monitored since the last one."""
+        steering = None
+        if self.sae is not None and not self.is_steering_reported:
+            steering, self.is_steering_reported = self.sae.applied, True
+        monitored, self.monitored = tuple(self.monitored), []
+        if steering is None and not monitored:
+            return output
+        return dataclasses.replace(output, steering=steering, monitor=monitored)
+
+
+@dataclass(frozen=True)
+class _Submission:
+    request: EngineRequest
+    on_output: OutputCallback
+    sae: RequestSAE | None
+    sae_error: str | None  # the request's steering or monitor could not be resolved
 
 
 def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
@@ -55,11 +80,13 @@ class ContinuousEngine:
         self._runner = runner
         self._scheduler = Scheduler(scheduler_config(config, runner))
         self._cond = threading.Condition()
-        self._inbox: list[tuple[EngineRequest, OutputCallback]] = []
+        self._inbox: list[_Submission] = []
         self._cancelled: set[str] = set()
         self._active: set[str] = set()  # submitted and not yet finished
         self._is_stopping = False
         self._sequences: dict[str, _Sequence] = {}  # engine thread only
+        self._worker_monitor: WorkerMonitor | None = None
+        self._config = config
         self._stats = EngineStats()
         self._thread = threading.Thread(target=self._run, name="continuous-engine", daemon=True)
 
@@ -80,14 +107,25 @@ class ContinuousEngine:
             self._abort_all()
 
     def submit(self, request: EngineRequest, on_output: OutputCallback) -> None:
+        """Resolves the request's steering and monitor on the caller's thread, so an SAE loading from disk never
+        holds up the batch; a failure comes back as the request's error output."""
+        try:
+            sae, sae_error = resolve_request_sae(request, self._runner.saes, self._config), None
+        except ValueError as exc:
+            sae, sae_error = None, f"steering or monitor: {exc}"
         with self._cond:
             if self._is_stopping:
                 raise RuntimeError("the engine is stopping and takes no new requests")
             if request.request_id in self._active:
                 raise ValueError(f"request {request.request_id!r} is already in the engine")
             self._active.add(request.request_id)
-            self._inbox.append((request, on_output))
+            self._inbox.append(_Submission(request, on_output, sae, sae_error))
             self._cond.notify_all()
+
+    def set_worker_monitor(self, monitor: WorkerMonitor | None) -> None:
+        """Starts (or, with None, stops) the worker-wide monitor from the next step on."""
+        with self._cond:
+            self._worker_monitor = monitor
 
     def cancel(self, request_id: str) -> None:
         with self._cond:
@@ -125,23 +163,26 @@ class ContinuousEngine:
                 return False
             inbox, self._inbox = self._inbox, []
             cancelled, self._cancelled = self._cancelled, set()
-        for request, on_output in inbox:
-            self._admit(request, on_output)
+        for submission in inbox:
+            self._admit(submission)
         for request_id in cancelled:
             if self._scheduler.abort(request_id) is not None:
                 self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))
         return True
 
-    def _admit(self, request: EngineRequest, on_output: OutputCallback) -> None:
-        scheduled = self._scheduler_request(request)
-        self._sequences[request.request_id] = _Sequence(request, on_output, self._generator_for(request), scheduled)
-        error = self._check(request)
+    def _admit(self, submission: _Submission) -> None:
+        request = submission.request
+        scheduled = self._scheduler_request(request, submission.sae)
+        generator = self._generator_for(request)
+        sequence = _Sequence(request, submission.on_output, generator, scheduled, submission.sae)
+        self._sequences[request.request_id] = sequence
+        error = submission.sae_error or self._check(request)
         if error is not None:
             self._finish(request.request_id, EngineOutput(request.request_id, [], error=error))
         else:
             self._scheduler.add(scheduled)
 
-    def _scheduler_request(self, request: EngineRequest) -> Request:
+    def _scheduler_request(self, request: EngineRequest, sae: RequestSAE | None) -> Request:
         sampling = request.sampling
         stop_ids = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:
@@ -153,6 +194,7 @@ class ContinuousEngine:
             stop_token_ids=frozenset(stop_ids),
             min_tokens=sampling.min_tokens,
             priority=request.priority,
+            steering_key=sae.applied.key if sae is not None and sae.applied is not None else "",
         )
 
     def _generator_for(self, request: EngineRequest) -> torch.Generator | None:
@@ -190,9 +232,14 @@ class ContinuousEngine:
                     self._finish(request_id, EngineOutput(request_id, [], error=f"the engine step failed: {exc}"))
 
     def _step(self, batch: Batch) -> None:
-        logits = self._runner.run(batch)  # [S, V]
+        with self._cond:
+            worker_monitor = self._worker_monitor
+        rows = [self._sequences[chunk.request.request_id].sae for chunk in batch.chunks]
+        output = self._runner.run(batch, rows, worker_monitor)
+        for request_id, positions in output.monitored.items():
+            self._sequences[request_id].monitored.extend(positions)
         sampling_chunks = batch.sampling_chunks
-        sampled = sample(logits, [self._sampling_row(chunk.request) for chunk in sampling_chunks])
+        sampled = sample(output.logits, [self._sampling_row(chunk.request) for chunk in sampling_chunks])
         updates = self._scheduler.update_from_output(batch, sampled.token_ids)
         self._record_step(batch)
         for update, logprob in zip(updates, sampled.logprobs, strict=True):
@@ -224,7 +271,7 @@ class ContinuousEngine:
 
     def _deliver(self, sequence: _Sequence, output: EngineOutput) -> None:
         try:
-            sequence.on_output(output)
+            sequence.on_output(sequence.with_reports(output))
         except Exception:
             logger.exception("output callback of request %s raised", output.request_id)
 
@@ -237,8 +284,10 @@ class ContinuousEngine:
     def _abort_all(self) -> None:
         with self._cond:
             inbox, self._inbox = self._inbox, []
-        for request, on_output in inbox:
-            self._sequences[request.request_id] = _Sequence(request, on_output, None, self._scheduler_request(request))
+        for submission in inbox:
+            request = submission.request
+            scheduled = self._scheduler_request(request, None)
+            self._sequences[request.request_id] = _Sequence(request, submission.on_output, None, scheduled)
         for request_id in list(self._sequences):
             self._scheduler.abort(request_id)
             self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))

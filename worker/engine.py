@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tasks.messages import FinishReason, SamplingParams, TokenLogprob
+from tasks.steering_messages import MonitoredPosition, MonitorSpec, SteeringSpec
 
 INTERACTIVE_PRIORITY = 0
 BULK_PRIORITY = 1
@@ -18,6 +19,13 @@ class EngineRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     priority: int = INTERACTIVE_PRIORITY  # lower runs first; bulk lines yield to chat
+    steering: SteeringSpec | None = None  # None: unsteered; a spec with nothing in it: explicitly unsteered
+    monitor: MonitorSpec | None = None
+
+    @property
+    def allows_speculation(self) -> bool:
+        """Speculative decoding (issue 4) stays off for steered and monitored rows."""
+        return self.steering is None and self.monitor is None
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,8 @@ class EngineOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
+    steering: SteeringSpec | None = None  # the steering as applied (strengths clamped), on a request's first output
+    monitor: tuple[MonitoredPosition, ...] = ()  # positions the model read since the request's previous output
 
     @property
     def is_finished(self) -> bool:

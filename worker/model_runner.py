@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from scheduler.batch import Batch
+from steering.batch_hooks import BatchHooks
 from tasks.config import Config
+from tasks.steering_messages import MonitoredPosition
 from worker.kv_pool import KVPool, KVShape, num_pool_tokens
 from worker.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_available, register_paged_attention
 from worker.paged_step import build_paged_step
+from worker.request_sae import RequestSAE
+from worker.sae_attachments import SAEAttachments
+from worker.steering_plan import build_step_plan, read_monitored
+from worker.worker_monitor import WorkerMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +41,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    logits: torch.Tensor  # [S, V] float: one row per sampling chunk
+    monitored: dict[str, list[MonitoredPosition]]  # by request id: positions its monitor read this step
 
 
 def read_eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
@@ -62,6 +76,8 @@ class ModelRunner:
         self.eos_token_ids = read_eos_token_ids(self.model)
         self.max_model_len = config.max_model_len or int(self.model.config.max_position_embeddings)
         self.kv_pool = self._allocate_kv_pool(config)
+        self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
+        self._hooks = BatchHooks(self.model)
         logger.info(
             "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s",
             config.model,
@@ -98,15 +114,29 @@ class ModelRunner:
         return pool
 
     @torch.inference_mode()
-    def run(self, batch: Batch) -> torch.Tensor:
-        """One forward pass over every scheduled chunk; returns the logits of the sampling chunks, [S, V] float."""
+    def run(
+        self,
+        batch: Batch,
+        rows: Sequence[RequestSAE | None] | None = None,
+        worker_monitor: WorkerMonitor | None = None,
+    ) -> StepOutput:
+        """One forward pass over every scheduled chunk, with each chunk's request's steering and monitor (`rows`,
+        one per chunk; None: none steer or monitor) and the worker-wide monitor carried out by the SAE hooks."""
         step = build_paged_step(batch, self.kv_pool.block_size, self.device, for_flash=self.is_flash)
-        output = self.model(
-            input_ids=step.input_ids,
-            position_ids=step.position_ids,
-            use_cache=False,
-            logits_to_keep=step.logits_indices,
-            paged_step=step,
-            kv_pool=self.kv_pool,
-        )
-        return output.logits[0].float()  # [S, V]
+        rows = [None] * len(batch.chunks) if rows is None else rows
+        plan, slices = build_step_plan(batch.chunks, step.token_rows, rows, worker_monitor, self.dtype)
+        if plan is not None:
+            self._hooks.set_step(plan)
+        try:
+            output = self.model(
+                input_ids=step.input_ids,
+                position_ids=step.position_ids,
+                use_cache=False,
+                logits_to_keep=step.logits_indices,
+                paged_step=step,
+                kv_pool=self.kv_pool,
+            )
+            results = self._hooks.take_monitor_results()
+        finally:
+            self._hooks.clear()
+        return StepOutput(output.logits[0].float(), read_monitored(results, slices))

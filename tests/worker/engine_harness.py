@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 
 from tasks.config import Config
 from tasks.messages import SamplingParams
+from tasks.steering_messages import MonitorSpec, SteeringSpec
 from worker.continuous_engine import ContinuousEngine
 from worker.engine import EngineOutput, EngineRequest
 from worker.model_runner import ModelRunner
@@ -69,9 +70,16 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0)
 
 
-def run(engine: ContinuousEngine, request_id: str, prompt: list[int], sampling: SamplingParams) -> Collector:
+def run(
+    engine: ContinuousEngine,
+    request_id: str,
+    prompt: list[int],
+    sampling: SamplingParams,
+    steering: SteeringSpec | None = None,
+    monitor: MonitorSpec | None = None,
+) -> Collector:
     collector = Collector()
-    engine.submit(EngineRequest(request_id, prompt, sampling), collector)
+    engine.submit(EngineRequest(request_id, prompt, sampling, steering=steering, monitor=monitor), collector)
     collector.wait()
     return collector
 
