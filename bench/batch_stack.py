@@ -8,12 +8,12 @@ import json
 import logging
 import socket
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import requests
 from openai import OpenAI
 from openai.types import Batch
 from transformers import PreTrainedTokenizerFast
@@ -23,7 +23,6 @@ from scripts.stack import Stack
 from tasks.config import Config
 
 logger = logging.getLogger(__name__)
-TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
 def bench_config(model: str, **overrides: object) -> Config:
@@ -89,8 +88,11 @@ def create_batch(stack: Stack, content: bytes) -> Batch:
     return client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
 
 
-def wait_for_end(stack: Stack, batch_id: str, poll_s: float = 0.25) -> Batch:
-    client = client_for(stack)
-    while (batch := client.batches.retrieve(batch_id)).status not in TERMINAL:
-        time.sleep(poll_s)
-    return batch
+def wait_for_end(stack: Stack, batch_id: str) -> Batch:
+    """Follow the batch's progress events to its end (no polling to load the api), then read it."""
+    url = f"{stack.base_url}/v1/batches/{batch_id}/events"
+    with requests.get(url, stream=True, timeout=600) as response:
+        for line in response.iter_lines(decode_unicode=True):
+            if line == "data: [DONE]":
+                break
+    return client_for(stack).batches.retrieve(batch_id)

@@ -23,12 +23,19 @@ def publish_status(client: redis.Redis, config: Config, session: Session, batch_
         _append(client, config, batch_id, event)
 
 
-def publish_line(client: redis.Redis, config: Config, session: Session, line: BatchLine, status: LineStatus) -> None:
-    batch = session.get(BatchRecord, line.batch_id)
-    counts = request_counts(session, line.batch_id)
-    event = BatchEvent(BatchEventType.LINE, batch.status if batch else "", counts, line.line_no, line.custom_id,
-                       status.value)  # fmt: skip
-    _append(client, config, line.batch_id, event)
+def publish_lines(
+    client: redis.Redis, config: Config, session: Session, batch_id: str, finished: list[tuple[BatchLine, LineStatus]]
+) -> None:
+    """A line event for each line just finished, all carrying the counts after them."""
+    if not finished:
+        return
+    batch = session.get(BatchRecord, batch_id)
+    counts = request_counts(session, batch_id)
+    for line, status in finished:
+        event = BatchEvent(
+            BatchEventType.LINE, batch.status if batch else "", counts, line.line_no, line.custom_id, status.value
+        )
+        _append(client, config, batch_id, event)
 
 
 def _append(client: redis.Redis, config: Config, batch_id: str, event: BatchEvent) -> None:

@@ -12,8 +12,11 @@ from tasks.batch_output import error_line, output_line, render_jsonl
 from tasks.batch_store import count_open_lines, new_id, stop_status
 
 OUTPUT_PURPOSE = "batch_output"
-CLOSED_AT = {BatchStatus.COMPLETED: "completed_at", BatchStatus.CANCELLED: "cancelled_at",
-             BatchStatus.FAILED: "failed_at"}  # fmt: skip
+CLOSED_AT = {
+    BatchStatus.COMPLETED: "completed_at",
+    BatchStatus.CANCELLED: "cancelled_at",
+    BatchStatus.FAILED: "failed_at",
+}
 
 
 def finalize_if_done(session: Session, batch_id: str) -> bool:
@@ -58,8 +61,14 @@ def close_batch(session: Session, batch_id: str, expected: BatchStatus, final: B
     for column, suffix, rows in (("output_file_id", "output", outputs), ("error_file_id", "error", errors)):
         if rows:
             content = render_jsonl(rows)
-            file = FileRecord(id=new_id("file-"), purpose=OUTPUT_PURPOSE, filename=f"{batch_id}_{suffix}.jsonl",
-                              bytes=len(content), created_at=now, content=content)  # fmt: skip
+            file = FileRecord(
+                id=new_id("file-"),
+                purpose=OUTPUT_PURPOSE,
+                filename=f"{batch_id}_{suffix}.jsonl",
+                bytes=len(content),
+                created_at=now,
+                content=content,
+            )
             session.add(file)
             values[column] = file.id
     session.flush()

@@ -22,8 +22,9 @@ class BatchStatus(str, Enum):
     CANCELLED = "cancelled"
 
 
-TERMINAL_BATCH_STATUSES = frozenset({BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED,
-                                     BatchStatus.CANCELLED})  # fmt: skip
+TERMINAL_BATCH_STATUSES = frozenset(
+    {BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
+)
 
 
 class LineStatus(str, Enum):

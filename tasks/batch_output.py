@@ -11,11 +11,17 @@ from tasks.messages import Endpoint, Usage
 
 STOPPED_ERRORS = {
     LineStatus.CANCELLED: {"code": "batch_cancelled", "message": "The batch was cancelled before this request ran."},
-    LineStatus.EXPIRED: {"code": "batch_expired",
-                         "message": "This request could not be executed before the completion window expired."},
-}  # fmt: skip
-WORKER_LOST = {"message": "The workers running this request stopped too many times.", "type": "server_error",
-               "param": None, "code": "worker_lost"}  # fmt: skip
+    LineStatus.EXPIRED: {
+        "code": "batch_expired",
+        "message": "This request could not be executed before the completion window expired.",
+    },
+}
+WORKER_LOST = {
+    "message": "The workers running this request stopped too many times.",
+    "type": "server_error",
+    "param": None,
+    "code": "worker_lost",
+}
 
 
 def output_line(line: BatchLine) -> dict[str, Any]:

@@ -59,10 +59,19 @@ def return_lapsed_lines(session: Session, config: Config, now: float) -> int:
     lapsed = (BatchLine.status == LineStatus.RUNNING.value, BatchLine.lease_expires_at < now)
     num_moved = 0
     for batch_filter, status in ((CANCELLING, LineStatus.CANCELLED), (EXPIRING, LineStatus.EXPIRED)):
-        num_moved += _update(session, (*lapsed, BatchLine.batch_id.in_(select(BatchRecord.id).where(batch_filter))),
-                             status=status.value, finished_at=now)  # fmt: skip
-    num_moved += _update(session, (*lapsed, BatchLine.attempts >= config.batch_max_attempts),
-                         status=LineStatus.FAILED.value, error=WORKER_LOST, finished_at=now)  # fmt: skip
+        num_moved += _update(
+            session,
+            (*lapsed, BatchLine.batch_id.in_(select(BatchRecord.id).where(batch_filter))),
+            status=status.value,
+            finished_at=now,
+        )
+    num_moved += _update(
+        session,
+        (*lapsed, BatchLine.attempts >= config.batch_max_attempts),
+        status=LineStatus.FAILED.value,
+        error=WORKER_LOST,
+        finished_at=now,
+    )
     waiting_again = {"status": LineStatus.QUEUED.value, "chunk_id": None, "lease_expires_at": None}
     num_moved += _update(session, lapsed, **waiting_again)
     stale = (BatchLine.status == LineStatus.DISPATCHED.value, BatchLine.lease_expires_at < now)
@@ -78,9 +87,13 @@ def _update(session: Session, conditions: tuple, **values: object) -> int:
 
 def begin_expiry(session: Session, now: float) -> list[str]:
     """In-progress batches past their completion window: waiting lines expire now, running ones at their next step."""
-    due = session.scalars(select(BatchRecord.id).where(
-        BatchRecord.status == BatchStatus.IN_PROGRESS.value, BatchRecord.expired_at.is_(None),
-        BatchRecord.expires_at <= now)).all()  # fmt: skip
+    due = session.scalars(
+        select(BatchRecord.id).where(
+            BatchRecord.status == BatchStatus.IN_PROGRESS.value,
+            BatchRecord.expired_at.is_(None),
+            BatchRecord.expires_at <= now,
+        )
+    ).all()
     expiring = []
     for batch_id in due:
         moved = session.execute(

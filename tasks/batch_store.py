@@ -59,8 +59,10 @@ def dispatch_chunks(session: Session, config: Config, now: float | None = None) 
     are dispatched or running; the caller enqueues the returned chunks (a lost one is redispatched at its deadline)."""
     now = time.time() if now is None else now
     in_flight_values = (LineStatus.DISPATCHED.value, LineStatus.RUNNING.value)
-    num_in_flight = session.scalar(select(func.count(distinct(BatchLine.chunk_id))).where(
-        BatchLine.status.in_(in_flight_values))) or 0  # fmt: skip
+    num_in_flight = (
+        session.scalar(select(func.count(distinct(BatchLine.chunk_id))).where(BatchLine.status.in_(in_flight_values)))
+        or 0
+    )
     chunks: list[ChunkTask] = []
     while num_in_flight + len(chunks) < config.batch_chunks_in_flight:
         chunk = _dispatch_one(session, config, now)
@@ -129,22 +131,29 @@ def _held_by(chunk_id: str, owner: str) -> tuple:
     return BatchLine.chunk_id == chunk_id, BatchLine.status == LineStatus.RUNNING.value, BatchLine.lease_owner == owner
 
 
-def finish_line(session: Session, line_id: int, owner: str, outcome: LineOutcome) -> bool:
-    """Record a running line's one result; False if `owner` no longer holds it (its lease lapsed and it moved on)."""
-    recorded = session.execute(
-        update(BatchLine)
-        .where(BatchLine.id == line_id, BatchLine.status == LineStatus.RUNNING.value, BatchLine.lease_owner == owner)
-        .values(
-            status=outcome.status.value,
-            text=outcome.text,
-            finish_reason=outcome.finish_reason,
-            completion_tokens=outcome.completion_tokens,
-            error=outcome.error,
-            finished_at=time.time(),
+def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome]) -> set[int]:
+    """Record running lines' one results (by line id) in one transaction; returns the ids recorded, leaving out those
+    `owner` no longer holds (their lease lapsed and they moved on)."""
+    recorded = set()
+    for line_id, outcome in outcomes.items():
+        moved = session.execute(
+            update(BatchLine)
+            .where(
+                BatchLine.id == line_id, BatchLine.status == LineStatus.RUNNING.value, BatchLine.lease_owner == owner
+            )
+            .values(
+                status=outcome.status.value,
+                text=outcome.text,
+                finish_reason=outcome.finish_reason,
+                completion_tokens=outcome.completion_tokens,
+                error=outcome.error,
+                finished_at=time.time(),
+            )
         )
-    )
+        if moved.rowcount == 1:
+            recorded.add(line_id)
     session.commit()
-    return recorded.rowcount == 1
+    return recorded
 
 
 def stop_waiting_lines(session: Session, batch_id: str, status: LineStatus) -> int:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import redis
 from transformers import PreTrainedTokenizerFast
 
-from tasks.batch_events import publish_line, read_stop_flag
+from tasks.batch_events import publish_lines, read_stop_flag
 from tasks.batch_messages import ChunkTask
 from tasks.batch_models import BatchLine, BatchRecord, LineStatus
-from tasks.batch_store import LineOutcome, claim_chunk, finish_line, renew_lease, stop_status
+from tasks.batch_store import LineOutcome, claim_chunk, finish_lines, renew_lease, stop_status
 from tasks.config import Config
 from tasks.db import SessionFactory
 from tasks.messages import FinishReason, GenerateRequest
@@ -118,39 +118,54 @@ class ChunkRunner:
             if now >= next_poll:
                 next_poll = now + POLL_S
                 if not self.engine.is_alive():
-                    logger.error(
-                        "the engine stopped; chunk %s's leases will lapse and it will run again", chunk.task.chunk_id
-                    )
+                    logger.error("the engine stopped; chunk %s will lapse and run again", chunk.task.chunk_id)
                     return
                 self._check_stop(chunk, read_stop_flag(self.redis, self.config, chunk.task.batch_id))
             if now >= next_renewal:
                 next_renewal = now + self.config.batch_line_lease_s / RENEWALS_PER_LEASE
                 self._renew(chunk)
             try:
-                output = chunk.outputs.get(timeout=POLL_S)
+                outputs = [chunk.outputs.get(timeout=POLL_S)]
             except queue.Empty:
                 continue
-            self._take(chunk, output)
+            while not chunk.outputs.empty():  # lines that finish in the same step are recorded in one transaction
+                outputs.append(chunk.outputs.get_nowait())
+            self._record(chunk, [finished for output in outputs if (finished := self._take(chunk, output))])
 
-    def _take(self, chunk: _Chunk, output: EngineOutput) -> None:
+    def _take(self, chunk: _Chunk, output: EngineOutput) -> tuple[_LineRun, LineOutcome] | None:
+        """The line and its result if `output` ended it."""
         run = chunk.runs.get(output.request_id)
         outcome = run.outcome(output, chunk.stopped_as) if run is not None else None
         if run is None or outcome is None:
-            return
+            return None
         del chunk.runs[output.request_id]
         if not output.is_finished:
             self.engine.cancel(output.request_id)  # a stop string ended it before the engine knew
+        return run, outcome
+
+    def _record(self, chunk: _Chunk, finished: list[tuple[_LineRun, LineOutcome]]) -> None:
+        if not finished:
+            return
         with self.sessions() as session:
-            if finish_line(session, run.line.id, chunk.owner, outcome):
-                publish_line(self.redis, self.config, session, run.line, outcome.status)
-            else:
-                logger.warning("line %d of %s was taken from this worker; its result is dropped",
-                               run.line.line_no, chunk.task.batch_id)  # fmt: skip
+            recorded = finish_lines(session, chunk.owner, {run.line.id: outcome for run, outcome in finished})
+            events = [(run.line, outcome.status) for run, outcome in finished if run.line.id in recorded]
+            publish_lines(self.redis, self.config, session, chunk.task.batch_id, events)
+        for run, _ in finished:
+            if run.line.id not in recorded:
+                logger.warning(
+                    "line %d of %s was taken from this worker; its result is dropped",
+                    run.line.line_no,
+                    chunk.task.batch_id,
+                )
 
     def _check_stop(self, chunk: _Chunk, stopped_as: LineStatus | None) -> None:
         if stopped_as is not None and chunk.stopped_as is None:
-            logger.info("batch %s is stopping (%s); aborting chunk %s", chunk.task.batch_id, stopped_as.value,
-                        chunk.task.chunk_id)  # fmt: skip
+            logger.info(
+                "batch %s is stopping (%s); aborting chunk %s",
+                chunk.task.batch_id,
+                stopped_as.value,
+                chunk.task.chunk_id,
+            )
             chunk.stopped_as = stopped_as
             for request_id in chunk.runs:
                 self.engine.cancel(request_id)

@@ -24,8 +24,9 @@ CHAT_URL = "/v1/chat/completions"
 def api(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[tuple[Config, FlaskClient]]:
     database_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade_to_head(database_url)
-    config = make_test_config(tiny_model_dir, redis_url, database_url, batch_chunk_size=2, batch_chunks_in_flight=3,
-                              sse_heartbeat_s=0.2)  # fmt: skip
+    config = make_test_config(
+        tiny_model_dir, redis_url, database_url, batch_chunk_size=2, batch_chunks_in_flight=3, sse_heartbeat_s=0.2
+    )
     yield config, create_app(config).test_client()
     client = redis.Redis.from_url(redis_url)
     client.delete(config.bulk_queue)
@@ -114,8 +115,12 @@ def test_cancel_before_any_line_ran_closes_the_batch(api: tuple[Config, FlaskCli
 def test_idempotency_key_replays_the_batch_and_refuses_another_body(api: tuple[Config, FlaskClient]) -> None:
     config, client = api
     first = create_batch(client, [chat_line("a", config.model_name)], key="batch-1")
-    body = {"input_file_id": first["input_file_id"], "endpoint": CHAT_URL, "completion_window": "24h",
-            "metadata": {"run": "t"}}  # fmt: skip
+    body = {
+        "input_file_id": first["input_file_id"],
+        "endpoint": CHAT_URL,
+        "completion_window": "24h",
+        "metadata": {"run": "t"},
+    }
     replay = client.post("/v1/batches", json=body, headers={"Idempotency-Key": "batch-1"})
     assert replay.get_json()["id"] == first["id"]
     conflict = client.post(

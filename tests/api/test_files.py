@@ -38,7 +38,10 @@ def test_upload_read_and_delete(client: FlaskClient) -> None:
     assert client.get(f"/v1/files/{created['id']}").get_json() == created
     assert client.get(f"/v1/files/{created['id']}/content").data == b'{"a": 1}\n'
     assert client.delete(f"/v1/files/{created['id']}").get_json() == {
-        "id": created["id"], "object": "file", "deleted": True}  # fmt: skip
+        "id": created["id"],
+        "object": "file",
+        "deleted": True,
+    }
     missing = client.get(f"/v1/files/{created['id']}")
     assert missing.status_code == 404 and missing.get_json()["error"]["code"] == "not_found"
 

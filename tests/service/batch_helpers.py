@@ -18,8 +18,13 @@ def client_for(stack: Stack) -> OpenAI:
 
 
 def chat_line(stack: Stack, custom_id: str, content: str = "name a color", **body: object) -> dict:
-    body = {"model": stack.config.model_name, "messages": [{"role": "user", "content": content}], "max_tokens": 6,
-            "temperature": 0, **body}  # fmt: skip
+    body = {
+        "model": stack.config.model_name,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 6,
+        "temperature": 0,
+        **body,
+    }
     return {"custom_id": custom_id, "method": "POST", "url": CHAT_URL, "body": body}
 
 

@@ -30,9 +30,17 @@ def mortal_stack(
         database_url = request.getfixturevalue("postgres_url")
     else:
         database_url = f"sqlite:///{tmp_path_factory.mktemp('batch-death') / 'db.sqlite'}"
-    config = make_test_config(tiny_model_dir, redis_url, database_url, worker_lease_s=1.5, batch_line_lease_s=1.5,
-                              batch_reaper_interval_s=0.3, batch_dispatch_timeout_s=4.0, batch_chunk_size=4,
-                              batch_chunks_in_flight=2)  # fmt: skip
+    config = make_test_config(
+        tiny_model_dir,
+        redis_url,
+        database_url,
+        worker_lease_s=1.5,
+        batch_line_lease_s=1.5,
+        batch_reaper_interval_s=0.3,
+        batch_dispatch_timeout_s=4.0,
+        batch_chunk_size=4,
+        batch_chunks_in_flight=2,
+    )
     stack = Stack(config, log_dir=tmp_path_factory.mktemp(f"batch-death-logs-{request.param}"))
     stack.start()
     yield stack

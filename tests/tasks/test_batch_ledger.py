@@ -24,7 +24,7 @@ from tasks.batch_store import (
     accept_lines,
     claim_chunk,
     dispatch_chunks,
-    finish_line,
+    finish_lines,
     new_sortable_id,
     renew_lease,
     request_counts,
@@ -66,9 +66,16 @@ def test_the_migrations_match_the_models(db_engine: Engine) -> None:
 
 def make_batch(session: Session, num_lines: int, expires_in_s: int = 3600) -> str:
     now = int(time.time())
-    batch = BatchRecord(id=new_sortable_id("batch_"), endpoint="/v1/completions", model="tiny", input_file_id="file-x",
-                        completion_window="24h", status=BatchStatus.VALIDATING.value, created_at=now,
-                        expires_at=now + expires_in_s)  # fmt: skip
+    batch = BatchRecord(
+        id=new_sortable_id("batch_"),
+        endpoint="/v1/completions",
+        model="tiny",
+        input_file_id="file-x",
+        completion_window="24h",
+        status=BatchStatus.VALIDATING.value,
+        created_at=now,
+        expires_at=now + expires_in_s,
+    )
     session.add(batch)
     session.commit()
     rows = [_row(batch.id, line_no) for line_no in range(1, num_lines + 1)]
@@ -77,11 +84,22 @@ def make_batch(session: Session, num_lines: int, expires_in_s: int = 3600) -> st
 
 
 def _row(batch_id: str, line_no: int) -> dict:
-    request = GenerateRequest(f"cmpl-{batch_id}-{line_no}", Endpoint.COMPLETIONS, "tiny", [1, 2, 3],
-                              SamplingParams(max_tokens=4), 0)  # fmt: skip
-    return {"batch_id": batch_id, "line_no": line_no, "custom_id": f"c{line_no}", "request_id": request.request_id,
-            "status": LineStatus.QUEUED.value, "attempts": 0, "request": request.to_dict(), "prompt_tokens": 3,
-            "completion_tokens": 0, "error": None, "finished_at": None}  # fmt: skip
+    request = GenerateRequest(
+        f"cmpl-{batch_id}-{line_no}", Endpoint.COMPLETIONS, "tiny", [1, 2, 3], SamplingParams(max_tokens=4), 0
+    )
+    return {
+        "batch_id": batch_id,
+        "line_no": line_no,
+        "custom_id": f"c{line_no}",
+        "request_id": request.request_id,
+        "status": LineStatus.QUEUED.value,
+        "attempts": 0,
+        "request": request.to_dict(),
+        "prompt_tokens": 3,
+        "completion_tokens": 0,
+        "error": None,
+        "finished_at": None,
+    }
 
 
 def done(text: str = "ok") -> LineOutcome:
@@ -110,7 +128,7 @@ def test_dispatch_fills_the_window_with_chunks_oldest_batch_first(session: Sessi
     owner = "w#1"
     lines = claim_chunk(session, chunks[1], owner, lease_s=30)
     assert [line.line_no for line in lines] == [4]
-    assert finish_line(session, lines[0].id, owner, done())
+    assert finish_lines(session, owner, {lines[0].id: done()}) == {lines[0].id}
     assert [chunk.batch_id for chunk in dispatch_chunks(session, CONFIG)] == [second]
 
 
@@ -120,9 +138,9 @@ def test_a_redelivered_chunk_claims_nothing_and_a_result_is_recorded_once(sessio
     lines = claim_chunk(session, chunk, "w#1", lease_s=30)
     assert [line.attempts for line in lines] == [1, 1, 1]
     assert claim_chunk(session, chunk, "w#2", lease_s=30) == []
-    assert finish_line(session, lines[0].id, "w#1", done("first"))
-    assert not finish_line(session, lines[0].id, "w#1", done("second"))
-    assert not finish_line(session, lines[1].id, "w#2", done()), "only the lease holder records"
+    assert finish_lines(session, "w#1", {lines[0].id: done("first")}) == {lines[0].id}
+    assert finish_lines(session, "w#1", {lines[0].id: done("second")}) == set()
+    assert finish_lines(session, "w#2", {lines[1].id: done()}) == set(), "only the lease holder records"
     assert renew_lease(session, chunk.chunk_id, "w#1", lease_s=30) == {lines[1].id, lines[2].id}
     session.expire_all()
     assert session.get(BatchLine, lines[0].id).text == "first"  # type: ignore[union-attr]
@@ -159,7 +177,7 @@ def test_expiry_ends_waiting_lines_now_and_running_ones_at_their_lease(session: 
     batch_id = make_batch(session, 4, expires_in_s=-1)
     chunk = dispatch_chunks(session, CONFIG)[0]
     running = claim_chunk(session, chunk, "w#1", lease_s=30)
-    assert finish_line(session, running[0].id, "w#1", done())
+    assert finish_lines(session, "w#1", {running[0].id: done()}) == {running[0].id}
     assert begin_expiry(session, time.time()) == [batch_id]
     assert statuses(session, batch_id) == ["completed", "running", "running", "expired"]
     assert not finalize_if_done(session, batch_id), "lines still run"
@@ -179,7 +197,7 @@ def test_closing_twice_writes_one_set_of_files(session: Session) -> None:
     [chunk] = dispatch_chunks(session, CONFIG)
     [line] = claim_chunk(session, chunk, "w#1", lease_s=30)
     assert not finalize_if_done(session, batch_id), "a line is still running"
-    finish_line(session, line.id, "w#1", done())
+    finish_lines(session, "w#1", {line.id: done()})
     assert finalize_if_done(session, batch_id)
     assert not finalize_if_done(session, batch_id)
     files = list(session.scalars(select(FileRecord).where(FileRecord.filename.like(f"{batch_id}%"))))
