@@ -33,23 +33,39 @@ class KVShape:
 
 
 class KVPool:
-    """K and V of every layer, [num_layers, 2, num_slots, num_kv_heads, head_dim].
+    """K and V of every layer, allocated once. Slot = block * block_size + offset within the block.
 
-    Slot = block * block_size + offset within the block."""
+    Two layouts, one per attention backend: flash-attn's paged kernels read [num_blocks, block_size, Hkv, D];
+    our SDPA path reads [Hkv, num_blocks, block_size, D], so that gathering a row's blocks yields each KV head's
+    context contiguously and attention runs as plain batched matmuls without a copy."""
 
     def __init__(
-        self, shape: KVShape, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+        self,
+        shape: KVShape,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        is_heads_major: bool = True,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        num_slots = num_blocks * block_size
-        self.cache = torch.zeros(
-            shape.num_layers, 2, num_slots, shape.num_kv_heads, shape.head_dim, dtype=dtype, device=device
-        )
+        self.is_heads_major = is_heads_major
+        heads, dim = shape.num_kv_heads, shape.head_dim
+        per_layer = (heads, num_blocks, block_size, dim) if is_heads_major else (num_blocks, block_size, heads, dim)
+        self.cache = torch.zeros(shape.num_layers, 2, *per_layer, dtype=dtype, device=device)
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one layer, each [num_slots, num_kv_heads, head_dim]."""
+        """K and V of one layer, each in the pool's layout."""
         return self.cache[layer_idx, 0], self.cache[layer_idx, 1]
+
+    def write(self, layer_idx: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Stores the new tokens' K and V ([Hkv, N, D] each) at `slots` [N]."""
+        for cache, new in zip(self.layer(layer_idx), (key, value), strict=True):
+            if self.is_heads_major:
+                cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slots, new)
+            else:
+                cache.view(-1, *cache.shape[-2:]).index_copy_(0, slots, new.transpose(0, 1))
 
     @property
     def num_bytes(self) -> int:

@@ -103,7 +103,7 @@ class ModelRunner:
         num_blocks = num_tokens // block_size
         if num_blocks < 1:
             raise ValueError(f"the KV pool holds {num_tokens} tokens, less than one block of {block_size}")
-        pool = KVPool(shape, num_blocks, block_size, self.dtype, self.device)
+        pool = KVPool(shape, num_blocks, block_size, self.dtype, self.device, is_heads_major=not self.is_flash)
         logger.info(
             "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB)",
             num_blocks,

@@ -30,31 +30,56 @@ def paged_sdpa_attention(
     kv_pool: KVPool,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
-    k_cache, v_cache = kv_pool.layer(module.layer_idx)  # [slots, Hkv, D]
-    k_cache.index_copy_(0, paged_step.slot_mapping, key[0].transpose(0, 1))
-    v_cache.index_copy_(0, paged_step.slot_mapping, value[0].transpose(0, 1))
+    kv_pool.write(module.layer_idx, paged_step.slot_mapping, key[0], value[0])
+    k_cache, v_cache = kv_pool.layer(module.layer_idx)  # [Hkv, blocks, block_size, D]
     queries = query[0].transpose(0, 1)  # [N, H, D]
     output = torch.empty_like(queries)
-    if (decode := paged_step.decode) is not None:
-        q = queries[decode.token_index].unsqueeze(2)  # [Bd, H, 1, D]
-        k = k_cache[decode.context_slots].transpose(1, 2)  # [Bd, Hkv, L, D]
-        v = v_cache[decode.context_slots].transpose(1, 2)
-        attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=decode.context_mask, scale=scaling, enable_gqa=True
-        )
-        output[decode.token_index] = attended.squeeze(2)
+    for decode in paged_step.decode_groups:
+        q = queries.index_select(0, decode.token_index)  # [Bd, H, D]
+        k = gather_blocks(k_cache, decode.block_ids)  # [Hkv, Bd * W * block_size, D]
+        v = gather_blocks(v_cache, decode.block_ids)
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        output[decode.token_index] = decode_attention(q, k, v, decode.context_mask, scale)
     for chunk in paged_step.prefills:
         q = queries[chunk.tokens].transpose(0, 1)[None]  # [1, H, n, D]
         if chunk.is_first:
             k, v = key[:, :, chunk.tokens], value[:, :, chunk.tokens]  # [1, Hkv, n, D]
         else:
-            k = k_cache[chunk.context_slots].transpose(0, 1)[None]  # [1, Hkv, end, D]
-            v = v_cache[chunk.context_slots].transpose(0, 1)[None]
+            k = gather_blocks(k_cache, chunk.block_ids)[None, :, : chunk.end]  # [1, Hkv, end, D]
+            v = gather_blocks(v_cache, chunk.block_ids)[None, :, : chunk.end]
         attended = F.scaled_dot_product_attention(
             q, k, v, attn_mask=chunk.causal_mask, is_causal=chunk.is_first, scale=scaling, enable_gqa=True
         )
         output[chunk.tokens] = attended[0].transpose(0, 1)
     return output[None], None  # [1, N, H, D]
+
+
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """The listed blocks of a heads-major layer cache [Hkv, blocks, block_size, D], as [Hkv, len * block_size, D]:
+    whole blocks at a time, each KV head's tokens contiguous, so the matmuls that follow need no copy."""
+    return cache.index_select(1, block_ids).flatten(1, 2)
+
+
+def decode_attention(
+    query: torch.Tensor,  # [B, H, D], one query token per row
+    key: torch.Tensor,  # [Hkv, B * L, D], row b's context at [b * L, (b + 1) * L)
+    value: torch.Tensor,  # [Hkv, B * L, D]
+    mask: torch.Tensor,  # [B, L] True where the row attends
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one query token per row as two batched matmuls over (KV head, row), the query heads of a group
+    sharing their KV head (GQA); for single-token queries this is several times faster than SDPA on CPU.
+    Returns [B, H, D]."""
+    batch, num_heads, head_dim = query.shape
+    num_kv_heads, length = key.shape[0], mask.shape[1]
+    group = num_heads // num_kv_heads
+    grouped = query.view(batch, num_kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim)
+    keys = key.view(num_kv_heads * batch, length, head_dim)  # [Hkv * B, L, D]
+    scores = torch.bmm(grouped, keys.transpose(1, 2)) * scale  # [Hkv * B, G, L]
+    scores = scores.view(num_kv_heads, batch, group, length).masked_fill(~mask[None, :, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype).view(-1, group, length)
+    attended = torch.bmm(probs, value.view(num_kv_heads * batch, length, head_dim))  # [Hkv * B, G, D]
+    return attended.view(num_kv_heads, batch, group, head_dim).transpose(0, 1).reshape(batch, num_heads, head_dim)
 
 
 def paged_flash_attention(
@@ -72,15 +97,13 @@ def paged_flash_attention(
 ) -> tuple[torch.Tensor, None]:
     from flash_attn import flash_attn_varlen_func
 
-    k_cache, v_cache = kv_pool.layer(module.layer_idx)  # [slots, Hkv, D]
-    k_cache.index_copy_(0, paged_step.slot_mapping, key[0].transpose(0, 1))
-    v_cache.index_copy_(0, paged_step.slot_mapping, value[0].transpose(0, 1))
-    paged_shape = (kv_pool.num_blocks, kv_pool.block_size, *k_cache.shape[1:])  # [blocks, block_size, Hkv, D]
+    kv_pool.write(module.layer_idx, paged_step.slot_mapping, key[0], value[0])
+    k_cache, v_cache = kv_pool.layer(module.layer_idx)  # [blocks, block_size, Hkv, D]
     meta = paged_step.flash
     output = flash_attn_varlen_func(
         query[0].transpose(0, 1),  # [N, H, D]
-        k_cache.view(paged_shape),
-        v_cache.view(paged_shape),
+        k_cache,
+        v_cache,
         cu_seqlens_q=meta.cu_seqlens_q,
         cu_seqlens_k=meta.cu_seqlens_k,
         max_seqlen_q=meta.max_seqlen_q,

@@ -13,19 +13,23 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 
+GROUP_GROWTH = 1.5
+MIN_GROUP_SIZE = 4  # below this, another attention call costs more than the padding it saves
+
 
 @dataclass(frozen=True)
 class DecodeRows:
     token_index: torch.Tensor  # [Bd] positions of the decode tokens in the packed sequence
-    context_slots: torch.Tensor  # [Bd, L] pool slots of each row's context, padded
-    context_mask: torch.Tensor  # [Bd, 1, 1, L] True where a row attends
+    block_ids: torch.Tensor  # [Bd * W] each row's first W blocks, padded with block 0
+    context_mask: torch.Tensor  # [Bd, W * block_size] True where a row attends
 
 
 @dataclass(frozen=True)
 class PrefillChunk:
     tokens: slice  # the chunk's span of the packed sequence
     is_first: bool  # nothing computed before it: attend over its own new K/V, causally
-    context_slots: torch.Tensor  # [end] pool slots of tokens 0..end of the request
+    block_ids: torch.Tensor  # [nb] the blocks holding tokens 0..end of the request
+    end: int  # the request's tokens up to the chunk's last
     causal_mask: torch.Tensor | None  # [n, end] True where a query attends; None when is_first
 
 
@@ -45,7 +49,7 @@ class PagedStep:
     slot_mapping: torch.Tensor  # [N] pool slot of each new token
     logits_indices: torch.Tensor  # [S] the last token of each sampling chunk
     token_rows: torch.Tensor  # [N] the chunk each token belongs to
-    decode: DecodeRows | None
+    decode_groups: list[DecodeRows]  # decode rows bucketed by context length, so little of the gather is padding
     prefills: list[PrefillChunk]
     flash: FlashMetadata | None
 
@@ -65,16 +69,15 @@ def build_paged_step(batch: Batch, block_size: int, device: torch.device, for_fl
     def tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
-    block_tables = _block_tables(chunks).to(device, non_blocking=True)
     return PagedStep(
         input_ids=tensor(input_ids)[None],
         position_ids=tensor(positions)[None],
         slot_mapping=tensor(slots),
         logits_indices=tensor(logits_indices),
         token_rows=tensor(rows),
-        decode=None if for_flash else _decode_rows(chunks, block_tables, block_size, device),
-        prefills=[] if for_flash else _prefill_chunks(chunks, block_tables, block_size, device),
-        flash=_flash_metadata(chunks, block_tables, device) if for_flash else None,
+        decode_groups=[] if for_flash else _decode_groups(chunks, block_size, device),
+        prefills=[] if for_flash else _prefill_chunks(chunks, block_size, device),
+        flash=_flash_metadata(chunks, device) if for_flash else None,
     )
 
 
@@ -88,46 +91,53 @@ def _block_tables(chunks: list[ScheduledChunk]) -> torch.Tensor:
     return torch.tensor([c.request.block_table + [0] * (width - len(c.request.block_table)) for c in chunks])
 
 
-def _context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    """[R, length] the pool slots of positions 0..length of each row."""
-    positions = torch.arange(length, device=block_tables.device)
-    return block_tables[:, positions // block_size] * block_size + positions % block_size
-
-
-def _decode_rows(
-    chunks: list[ScheduledChunk], block_tables: torch.Tensor, block_size: int, device: torch.device
-) -> DecodeRows | None:
-    rows = [row for row, chunk in enumerate(chunks) if chunk.is_decode]
-    if not rows:
-        return None
+def _decode_groups(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> list[DecodeRows]:
+    """Decode rows sorted by context length and cut where a row needs GROUP_GROWTH x the blocks of its group's
+    shortest, so each group's gather pads every row to at most that much more than it holds."""
+    rows = sorted((row for row, chunk in enumerate(chunks) if chunk.is_decode), key=lambda row: chunks[row].end)
     first_token = [0]
     for chunk in chunks:
         first_token.append(first_token[-1] + chunk.num_tokens)
-    context_lens = torch.tensor([chunks[row].end for row in rows], device=device)  # [Bd]
-    length = int(context_lens.max())
-    index = torch.tensor(rows, device=device)
-    mask = torch.arange(length, device=device)[None, :] < context_lens[:, None]  # [Bd, L]
+    groups: list[list[int]] = []
+    for row in rows:
+        if groups and (len(groups[-1]) < MIN_GROUP_SIZE or chunks[row].end <= GROUP_GROWTH * chunks[groups[-1][0]].end):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return [_decode_rows(chunks, group, first_token, block_size, device) for group in groups]
+
+
+def _decode_rows(
+    chunks: list[ScheduledChunk], rows: list[int], first_token: list[int], block_size: int, device: torch.device
+) -> DecodeRows:
+    context_lens = [chunks[row].end for row in rows]
+    width = -(-max(context_lens) // block_size)  # blocks per row
+    block_ids = []
+    for row in rows:
+        table = chunks[row].request.block_table[:width]
+        block_ids.extend(table + [0] * (width - len(table)))
+    lengths = torch.tensor(context_lens, device=device)
     return DecodeRows(
         token_index=torch.tensor([first_token[row] for row in rows], device=device),
-        context_slots=_context_slots(block_tables[index], length, block_size),
-        context_mask=mask[:, None, None, :],
+        block_ids=torch.tensor(block_ids, device=device),
+        context_mask=torch.arange(width * block_size, device=device)[None, :] < lengths[:, None],
     )
 
 
-def _prefill_chunks(
-    chunks: list[ScheduledChunk], block_tables: torch.Tensor, block_size: int, device: torch.device
-) -> list[PrefillChunk]:
+def _prefill_chunks(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> list[PrefillChunk]:
     prefills, token_start = [], 0
-    for row, chunk in enumerate(chunks):
+    for chunk in chunks:
         if not chunk.is_decode:
             is_first = chunk.start == 0
             queries = torch.arange(chunk.start, chunk.end, device=device)[:, None]  # [n, 1]
             keys = torch.arange(chunk.end, device=device)[None, :]  # [1, end]
+            num_blocks = -(-chunk.end // block_size)
             prefills.append(
                 PrefillChunk(
                     tokens=slice(token_start, token_start + chunk.num_tokens),
                     is_first=is_first,
-                    context_slots=_context_slots(block_tables[row : row + 1], chunk.end, block_size)[0],
+                    block_ids=torch.tensor(chunk.request.block_table[:num_blocks], device=device),
+                    end=chunk.end,
                     causal_mask=None if is_first else keys <= queries,
                 )
             )
@@ -135,7 +145,7 @@ def _prefill_chunks(
     return prefills
 
 
-def _flash_metadata(chunks: list[ScheduledChunk], block_tables: torch.Tensor, device: torch.device) -> FlashMetadata:
+def _flash_metadata(chunks: list[ScheduledChunk], device: torch.device) -> FlashMetadata:
     cu_q, cu_k = [0], [0]
     for chunk in chunks:
         cu_q.append(cu_q[-1] + chunk.num_tokens)
@@ -145,5 +155,5 @@ def _flash_metadata(chunks: list[ScheduledChunk], block_tables: torch.Tensor, de
         cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=device),
         max_seqlen_q=max(chunk.num_tokens for chunk in chunks),
         max_seqlen_k=max(chunk.end for chunk in chunks),
-        block_table=block_tables.to(torch.int32),
+        block_table=_block_tables(chunks).to(device=device, dtype=torch.int32),
     )
