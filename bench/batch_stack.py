@@ -25,14 +25,15 @@ from tasks.config import Config
 logger = logging.getLogger(__name__)
 
 
-def bench_config(model: str, **overrides: object) -> Config:
-    """The environment's Config on a fresh SQLite file, with keys and queues no other run shares."""
+def bench_config(model: str, database_url: str | None = None, **overrides: object) -> Config:
+    """The environment's Config on `database_url` (default: a fresh SQLite file), with keys and queues no other run
+    shares."""
     run = uuid.uuid4().hex[:8]
     database = Path(tempfile.mkdtemp(prefix="steerbatch-bench-")) / "bench.db"
     return dataclasses.replace(
         Config.from_env(),
         model=model,
-        database_url=f"sqlite:///{database}",
+        database_url=database_url or f"sqlite:///{database}",
         redis_prefix=f"bench-{run}:",
         interactive_queue=f"bench-{run}-interactive",
         bulk_queue=f"bench-{run}-bulk",

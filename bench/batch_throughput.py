@@ -46,6 +46,7 @@ TARGET_RATIO = 0.8
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=Config().model)
+    parser.add_argument("--database-url", help="an empty database (default: a fresh SQLite file)")
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--prompt-len", default="16,64", help="min,max prompt tokens")
     parser.add_argument("--output-len", default="32,32", help="min,max output tokens")
@@ -116,7 +117,7 @@ def _cell(result: tuple[int, float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    config = bench_config(args.model)
+    config = bench_config(args.model, args.database_url)
     prompt_len, output_len = (tuple(int(n) for n in value.split(",")) for value in (args.prompt_len, args.output_len))
     requests = random_prompts(config, WorkloadSpec(args.num_prompts, prompt_len, output_len, args.seed))  # type: ignore[arg-type]
     rows = []

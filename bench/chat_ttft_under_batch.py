@@ -30,6 +30,7 @@ MIN_RUNNING_S = 2.0  # the batch has filled the engine before loaded chats start
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=Config().model)
+    parser.add_argument("--database-url", help="an empty database (default: a fresh SQLite file)")
     parser.add_argument("--num-chats", type=int, default=20)
     parser.add_argument("--batch-lines", type=int, default=10_000)
     parser.add_argument("--batch-output-len", type=int, default=64)
@@ -78,7 +79,7 @@ def measure(stack: Stack, args: argparse.Namespace) -> tuple[list[float], list[f
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    config = bench_config(args.model)
+    config = bench_config(args.model, args.database_url)
     with running_stack(config) as stack:
         chat_ttft(stack, args.chat_max_tokens)  # warm-up
         idle, loaded, batch_state = measure(stack, args)
