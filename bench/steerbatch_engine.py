@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
 
 from bench.metrics import RequestTrace, RunResult
 from bench.workload import BenchRequest, Feeder
 from tasks.config import Config
 from tasks.messages import SamplingParams
-from worker.engine import Engine, EngineOutput, EngineRequest
+from worker.continuous_engine import ContinuousEngine
+from worker.engine import EngineOutput, EngineRequest
 from worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -24,26 +24,8 @@ REQUEST_TIMEOUT_S = 600.0
 POLL_S = 1.0
 
 
-class ServingEngine(Engine, Protocol):
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-def build_engine(runner: ModelRunner, config: Config) -> tuple[ServingEngine, str]:
-    """The engine under test and its table label: ContinuousEngine where it exists, else the BatchEngine it replaces.
-
-    Both imported here, because each exists only on one side of the switch between them.
-    """
-    try:
-        from worker.continuous_engine import ContinuousEngine
-    except ModuleNotFoundError as exc:
-        if exc.name != "worker.continuous_engine":
-            raise
-        from worker.batch_engine import BatchEngine
-
-        logger.warning("worker.continuous_engine is not there: benchmarking BatchEngine as (iv)")
-        return BatchEngine(runner, max_batch_size=config.max_num_seqs), "(iv) steerbatch BatchEngine (fallback)"
+def build_engine(runner: ModelRunner, config: Config) -> tuple[ContinuousEngine, str]:
+    """The engine under test and its table label."""
     return ContinuousEngine(runner, config), "(iv) steerbatch ContinuousEngine"
 
 
