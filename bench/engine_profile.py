@@ -1,0 +1,102 @@
+"""Where an engine step's time goes: the same 32 requests as bench.engine_throughput's all-at-t=0 workload,
+stepped on this thread, timed per phase (schedule, step tensors, forward, sample, update), then one torch.profiler
+table of the operators of a stretch of decode steps.
+
+    .venv/bin/python -m bench.engine_profile --model models/tiny [--threads 1] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.workload import WorkloadSpec, make_workload
+from tasks.config import Config
+from tasks.logs import configure_logging
+from tasks.messages import SamplingParams
+from worker.continuous_engine import ContinuousEngine
+from worker.engine import EngineRequest
+from worker.model_runner import ModelRunner
+from worker.paged_step import build_paged_step
+from worker.sampler import sample
+
+logger = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="models/tiny")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--steps", type=int, default=20, help="decode steps under the profiler")
+    return parser.parse_args(argv)
+
+
+def loaded_engine(runner: ModelRunner, config: Config) -> ContinuousEngine:
+    """An engine, not started, holding the workload's requests (EOS ignored)."""
+    engine = ContinuousEngine(runner, config)
+    spec = WorkloadSpec(num_requests=32, prompt_len_range=(32, 256), output_len_range=(64, 128), seed=0)
+    for request in make_workload("profile", spec, runner.model.config.vocab_size, runner.eos_token_ids, None):
+        sampling = SamplingParams(max_tokens=request.num_output_tokens, temperature=0.0, ignore_eos=True)
+        engine.submit(EngineRequest(request.request_id, request.prompt_token_ids, sampling), lambda _: None)
+    engine._take_new_work()
+    return engine
+
+
+def time_phases(engine: ContinuousEngine, runner: ModelRunner) -> tuple[int, dict[str, float]]:
+    """Runs the workload to the end; seconds per phase over all steps."""
+    seconds: dict[str, float] = defaultdict(float)
+    scheduler, num_steps = engine._scheduler, 0
+    while scheduler.has_work:
+        started = time.perf_counter()
+        batch = scheduler.schedule()
+        marks = [("schedule", time.perf_counter())]
+        step = build_paged_step(batch, runner.kv_pool.block_size, runner.device, for_flash=runner.is_flash)
+        marks.append(("step tensors", time.perf_counter()))
+        logits = runner.model(
+            input_ids=step.input_ids, position_ids=step.position_ids, use_cache=False,
+            logits_to_keep=step.logits_indices, paged_step=step, kv_pool=runner.kv_pool,
+        ).logits[0].float()  # fmt: skip
+        marks.append(("forward", time.perf_counter()))
+        rows = [engine._sampling_row(chunk.request) for chunk in batch.sampling_chunks]
+        sampled = sample(logits, rows)
+        marks.append(("sample", time.perf_counter()))
+        scheduler.update_from_output(batch, sampled.token_ids)
+        marks.append(("update", time.perf_counter()))
+        for name, mark in marks:
+            seconds[name] += mark - started
+            started = mark
+        num_steps += 1
+    return num_steps, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(Config())
+    torch.set_num_threads(args.threads)
+    config = Config(model=args.model, device="cpu", dtype="float32", max_num_seqs=32)
+    runner = ModelRunner(config)
+    with torch.inference_mode():
+        time_phases(loaded_engine(runner, config), runner)  # warm-up
+        started = time.perf_counter()
+        num_steps, seconds = time_phases(loaded_engine(runner, config), runner)
+        total = time.perf_counter() - started
+        print(f"{num_steps} steps in {total:.3f}s, {total / num_steps * 1e3:.2f} ms/step, {args.threads} threads")
+        for name, value in seconds.items():
+            print(f"  {name:<13} {value / num_steps * 1e3:6.2f} ms/step  {value / total:6.1%}")
+        engine = loaded_engine(runner, config)
+        for _ in range(8):  # past the prefill, into decode-only steps
+            engine._step_or_fail()
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            for _ in range(args.steps):
+                engine._step_or_fail()
+    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
