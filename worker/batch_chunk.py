@@ -20,6 +20,7 @@ from tasks.batch_store import LineOutcome, claim_chunk, finish_lines, renew_leas
 from tasks.config import Config
 from tasks.db import SessionFactory
 from tasks.messages import FinishReason, GenerateRequest
+from worker.choice import Choice
 from worker.engine import BULK_PRIORITY, Engine, EngineOutput, EngineRequest
 from worker.text_stream import TextStream
 
@@ -32,23 +33,22 @@ RENEWALS_PER_LEASE = 3
 class _LineRun:
     line: BatchLine
     request: GenerateRequest
-    text_stream: TextStream
-    num_tokens: int = 0
+    choice: Choice  # the same text, stop-string and finish handling as a chat choice
 
-    def outcome(self, output: EngineOutput, stopped_as: LineStatus | None) -> LineOutcome | None:
-        """The line's result once `output` ends it, else None (the stream may end it early at a stop string)."""
-        if output.error is not None:
-            error = {"message": output.error, "type": "server_error", "param": None, "code": None}
-            return LineOutcome(LineStatus.FAILED, self.text_stream.text, None, self.num_tokens, error)
-        self.num_tokens += len(output.new_token_ids)
-        self.text_stream.push(output.new_token_ids)
-        if self.text_stream.is_stopped:
-            return LineOutcome(LineStatus.COMPLETED, self.text_stream.text, FinishReason.STOP.value, self.num_tokens)
-        if output.finish_reason == FinishReason.ABORT:
-            return LineOutcome(stopped_as or LineStatus.CANCELLED, self.text_stream.text, None, self.num_tokens)
-        if output.finish_reason is not None:
-            self.text_stream.flush()
-            return LineOutcome(LineStatus.COMPLETED, self.text_stream.text, output.finish_reason.value, self.num_tokens)
+    def outcome(
+        self, output: EngineOutput, stopped_as: LineStatus | None, tokenizer: PreTrainedTokenizerFast
+    ) -> LineOutcome | None:
+        """The line's result once `output` ends it, else None (a stop string may end it before the engine does)."""
+        choice = self.choice
+        choice.apply(output, tokenizer)
+        text, num_tokens = choice.text_stream.text, choice.num_tokens
+        if choice.error is not None:
+            error = {"message": choice.error, "type": "server_error", "param": None, "code": None}
+            return LineOutcome(LineStatus.FAILED, text, None, num_tokens, error)
+        if choice.finish_reason == FinishReason.ABORT:
+            return LineOutcome(stopped_as or LineStatus.CANCELLED, text, None, num_tokens)
+        if choice.finish_reason is not None:
+            return LineOutcome(LineStatus.COMPLETED, text, choice.finish_reason.value, num_tokens)
         return None
 
 
@@ -99,7 +99,8 @@ class ChunkRunner:
 
     def _line_run(self, line: BatchLine) -> _LineRun:
         request = GenerateRequest.from_dict(line.request or {})
-        return _LineRun(line, request, TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop))
+        text_stream = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop)
+        return _LineRun(line, request, Choice(0, request.request_id, text_stream, wants_logprobs=False))
 
     def _submit_all(self, chunk: _Chunk) -> None:
         for run in chunk.runs.values():
@@ -135,7 +136,7 @@ class ChunkRunner:
     def _take(self, chunk: _Chunk, output: EngineOutput) -> tuple[_LineRun, LineOutcome] | None:
         """The line and its result if `output` ended it."""
         run = chunk.runs.get(output.request_id)
-        outcome = run.outcome(output, chunk.stopped_as) if run is not None else None
+        outcome = run.outcome(output, chunk.stopped_as, self.tokenizer) if run is not None else None
         if run is None or outcome is None:
             return None
         del chunk.runs[output.request_id]
