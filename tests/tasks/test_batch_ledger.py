@@ -3,22 +3,27 @@ closing, with one terminal row per line whatever order the writers come in."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tasks.batch_events import read_stop_flag
 from tasks.batch_finalize import finalize_if_done
 from tasks.batch_messages import ChunkTask
 from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, FileRecord, LineStatus
 from tasks.batch_output import output_line, render_jsonl
-from tasks.batch_reaper import begin_expiry, return_lapsed_lines
+from tasks.batch_reaper import VALIDATION_TIMEOUT_S, begin_expiry, reap_once, return_lapsed_lines
 from tasks.batch_store import (
     LineOutcome,
     accept_lines,
@@ -33,6 +38,7 @@ from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.messages import Endpoint, GenerateRequest, SamplingParams
 from tasks.models import Base
+from tasks.streams import RedisKeys
 
 CONFIG = Config(batch_chunk_size=3, batch_chunks_in_flight=2, batch_max_attempts=2, batch_dispatch_timeout_s=60)
 
@@ -208,3 +214,34 @@ def test_closing_twice_writes_one_set_of_files(session: Session) -> None:
 def test_chunk_task_round_trips() -> None:
     chunk = ChunkTask("batch_1", "chunk_2")
     assert ChunkTask.from_dict(chunk.to_dict()) == chunk
+
+
+def test_a_reaper_pass_expires_a_due_batch_and_fails_an_interrupted_validation(
+    db_engine: Engine, session: Session, redis_url: str
+) -> None:
+    config = dataclasses.replace(CONFIG, redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:")
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    due = make_batch(session, 3, expires_in_s=-1)
+    stuck = BatchRecord(
+        id=new_sortable_id("batch_"),
+        endpoint="/v1/completions",
+        model="tiny",
+        input_file_id="f",
+        completion_window="24h",
+        status=BatchStatus.VALIDATING.value,
+        created_at=int(time.time()) - VALIDATION_TIMEOUT_S - 1,
+        expires_at=2**31 - 1,
+    )
+    session.add(stuck)
+    session.commit()
+    enqueued: list[ChunkTask] = []
+    reap_once(make_session_factory(db_engine), client, config, enqueued.append)
+    session.expire_all()
+    assert session.get(BatchRecord, due).status == "expired"  # type: ignore[union-attr]
+    assert statuses(session, due) == ["expired"] * 3 and enqueued == []
+    assert read_stop_flag(client, config, due) == LineStatus.EXPIRED
+    assert session.get(BatchRecord, stuck.id).status == "failed"  # type: ignore[union-attr]
+    events = client.xrange(RedisKeys(config.redis_prefix).batch_stream(due))
+    assert json.loads(events[-1][1]["event"])["status"] == "expired"
+    for key in client.scan_iter(f"{config.redis_prefix}*"):
+        client.delete(key)

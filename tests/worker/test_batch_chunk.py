@@ -116,7 +116,7 @@ def dispatch(runner: ChunkRunner, lines: list[tuple[list[int], SamplingParams]])
                 completion_window="24h",
                 status=BatchStatus.VALIDATING.value,
                 created_at=0,
-                expires_at=2**31,
+                expires_at=2**31 - 1,
             )
         )
         session.commit()
