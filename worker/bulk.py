@@ -71,6 +71,12 @@ def start_bulk(
                 publish_status(client, config, session, batch_id)
             dispatch_and_enqueue(session, config, enqueue)
 
+    if config.batch_chunks_in_flight >= config.worker_concurrency:
+        logger.warning(
+            "BATCH_CHUNKS_IN_FLIGHT (%d) >= WORKER_CONCURRENCY (%d): chunks can take every thread chat needs",
+            config.batch_chunks_in_flight,
+            config.worker_concurrency,
+        )
     chunks = ChunkRunner(config, engine, tokenizer, client, sessions, worker, after_chunk)
     reaper = BatchReaper(config.batch_reaper_interval_s, lambda: reap_once(sessions, client, config, enqueue))
     reaper.start()

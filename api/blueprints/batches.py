@@ -32,6 +32,7 @@ from tasks.streams import RedisKeys
 bp = Blueprint("batches", __name__)
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_LIST_LIMIT = 100
+EMPTY_FILE = {"code": "empty_file", "message": "The input file has no lines.", "param": None, "line": None}
 
 
 class BatchCreate(StrictModel):
@@ -98,21 +99,15 @@ def _record_validating(create: BatchCreate, key: str | None, digest: str) -> Bat
 
 
 def _validate_and_start(batch: BatchRecord, content: bytes) -> None:
+    """Every line into the ledger, then the batch in progress and its first chunks dispatched, or failed."""
     svc = services()
     session = db_session()
     lines = parse_lines(svc.model_info, content, batch.endpoint)
-    errors = [line.error for line in lines if line.error is not None]
+    errors = [line.error for line in lines if line.error is not None] or ([] if lines else [EMPTY_FILE])
     if accept_lines(session, batch.id, [line_row(batch.id, line) for line in lines], errors):
         publish_status(svc.redis, svc.config, session, batch.id)
         dispatch_and_enqueue(session, svc.config, lambda chunk: enqueue_chunk(svc.celery, svc.config, chunk))
         return
-    if not lines:
-        accept_lines(
-            session,
-            batch.id,
-            [],
-            [{"code": "empty_file", "message": "The input file has no lines.", "param": None, "line": None}],
-        )
     close_batch(session, batch.id, BatchStatus.VALIDATING, BatchStatus.FAILED)
     publish_status(svc.redis, svc.config, session, batch.id)
 

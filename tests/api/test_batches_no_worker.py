@@ -151,3 +151,10 @@ def test_bad_create_requests_are_refused(api: tuple[Config, FlaskClient]) -> Non
     )
     assert client.post("/v1/batches", json={**base, "completion_window": "1h"}).status_code == 400
     assert client.get("/v1/batches/batch_nope").status_code == 404
+
+
+def test_an_empty_file_fails_the_batch(api: tuple[Config, FlaskClient]) -> None:
+    _, client = api
+    batch = create_batch(client, ["", "  "])
+    assert batch["status"] == "failed" and batch["errors"]["data"][0]["code"] == "empty_file"
+    assert batch["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
