@@ -1,23 +1,44 @@
-"""A fixed pool of KV blocks, each `block_size` token slots, handed out to requests' block tables."""
+"""A fixed pool of KV blocks, each `block_size` token slots, handed out to requests' block tables.
+
+With prefix caching, a full block is known by a chained hash (its parent's hash, its token ids, and the request's
+steering key, since steering changes the K/V). A new request takes every leading block already in the pool by
+reference, after checking the stored tokens, not just the hash. Blocks nobody references stay cached, in
+least-recently-freed order, until an allocation needs them.
+"""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
+from dataclasses import dataclass
 
+from scheduler.block_hash import BlockKey, block_hash
 from scheduler.request import Request
 
 
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None  # set once the block is full and cached
+    key: BlockKey | None = None  # what the hash stands for, to verify a hit
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of one slot, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free_blocks: deque[int] = deque(range(num_blocks))
+        self.enable_prefix_caching = enable_prefix_caching
+        self._blocks = [Block(block_id) for block_id in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # unreferenced, LRU first
+        self._cached: dict[bytes, int] = {}  # hash -> block id
+        self.num_queried_blocks = 0
+        self.num_hit_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        return len(self._free)
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -34,8 +55,69 @@ class BlockManager:
         num_missing = self.num_missing_blocks(request, num_tokens)
         if num_missing > self.num_free_blocks:
             raise RuntimeError(f"{num_missing} blocks needed, {self.num_free_blocks} free")
-        request.block_table.extend(self._free_blocks.popleft() for _ in range(num_missing))
+        for _ in range(num_missing):
+            block_id, _ = self._free.popitem(last=False)
+            self._evict(self._blocks[block_id])
+            self._blocks[block_id].ref_count = 1
+            request.block_table.append(block_id)
 
     def free(self, request: Request) -> None:
-        self._free_blocks.extend(request.block_table)
+        """Drops the request's references; the tail first, so shared leading blocks outlive it in the cache."""
+        for block_id in reversed(request.block_table):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
         request.block_table = []
+        request.block_hashes = []
+
+    def reuse_cached_prefix(self, request: Request) -> int:
+        """Gives a request with nothing computed every leading full block already cached; returns the tokens
+        they hold. At least one token is left to compute, so the step that follows yields the next token."""
+        if not self.enable_prefix_caching or request.block_table:
+            return 0
+        hits: list[tuple[int, bytes]] = []
+        parent: bytes | None = None
+        for index in range((request.num_tokens - 1) // self.block_size):
+            key = self._key(request, index, parent)
+            parent = block_hash(key)
+            block_id = self._cached.get(parent)
+            self.num_queried_blocks += 1
+            if block_id is None or self._blocks[block_id].key != key:
+                break
+            hits.append((block_id, parent))
+        self.num_hit_blocks += len(hits)
+        for block_id, hash_value in hits:
+            self._blocks[block_id].ref_count += 1
+            self._free.pop(block_id, None)
+            request.block_table.append(block_id)
+            request.block_hashes.append(hash_value)
+        request.num_computed_tokens = len(hits) * self.block_size
+        return request.num_computed_tokens
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Registers the request's blocks that its computed tokens have filled since the last call."""
+        if not self.enable_prefix_caching:
+            return
+        for index in range(len(request.block_hashes), request.num_computed_tokens // self.block_size):
+            parent = request.block_hashes[-1] if request.block_hashes else None
+            key = self._key(request, index, parent)
+            hash_value = block_hash(key)
+            block = self._blocks[request.block_table[index]]
+            if block.hash is None:
+                block.hash, block.key = hash_value, key
+                self._cached[hash_value] = block.block_id
+            request.block_hashes.append(hash_value)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.num_hit_blocks / self.num_queried_blocks if self.num_queried_blocks else 0.0
+
+    def _key(self, request: Request, index: int, parent: bytes | None) -> BlockKey:
+        start = index * self.block_size
+        return BlockKey(parent, tuple(request.token_ids(start, start + self.block_size)), request.steering_key)
+
+    def _evict(self, block: Block) -> None:
+        if block.hash is not None and self._cached.get(block.hash) == block.block_id:
+            del self._cached[block.hash]
+        block.hash = block.key = None

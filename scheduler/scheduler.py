@@ -24,6 +24,7 @@ class SchedulerConfig:
     max_model_len: int
     num_blocks: int
     block_size: int
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk_size", "max_model_len"):
@@ -43,7 +44,7 @@ class TokenUpdate:
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.waiting: list[Request] = []  # kept sorted by (priority, arrival)
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -87,6 +88,7 @@ class Scheduler:
         for chunk in batch.chunks:
             request = chunk.request
             request.num_computed_tokens = chunk.end
+            self.block_manager.cache_full_blocks(request)
             if chunk.is_sampling:
                 updates.append(self._append_token(request, next(sampled)))
         return updates
@@ -116,17 +118,26 @@ class Scheduler:
     def _schedule_waiting(self, batch: Batch, budget: int) -> None:
         while self.waiting and budget > 0:
             request = self.waiting[0]
+            self.block_manager.reuse_cached_prefix(request)
             num_tokens = self._chunk_size(request, budget)
             while not self._has_room(request, request.num_computed_tokens + num_tokens):
                 if not self._can_preempt_for(request):
+                    self._release(request)
                     return
                 budget += self._preempt(self.running[-1], batch)
                 num_tokens = self._chunk_size(request, budget)
             self.waiting.pop(0)
+            if request.num_cached_tokens < 0:  # the first admission is the one usage reports
+                request.num_cached_tokens = min(request.num_computed_tokens, request.num_prompt_tokens)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             batch.chunks.append(self._scheduled(request, num_tokens))
             budget -= num_tokens
+
+    def _release(self, request: Request) -> None:
+        """Gives back what an admission that did not happen took (cached blocks), leaving the request as it was."""
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
 
     def _has_room(self, request: Request, num_tokens: int) -> bool:
         return len(self.running) < self.config.max_num_seqs and self.block_manager.can_allocate(request, num_tokens)

@@ -35,6 +35,7 @@ class Config:
     kv_block_size: int = 0  # tokens per KV block; 0: 256 for flash-attn's paged kernels, else 16
     kv_cache_tokens: int = 0  # KV pool size; 0: from kv_cache_memory_fraction on cuda, max_num_seqs x context on cpu
     kv_cache_memory_fraction: float = 0.85  # of the device memory left free after loading the model (cuda)
+    enable_prefix_caching: bool = True  # requests share the KV blocks of a common prefix (system prompts)
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     host: str = "127.0.0.1"

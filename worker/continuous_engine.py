@@ -70,6 +70,7 @@ def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
         max_model_len=runner.max_model_len,
         num_blocks=runner.kv_pool.num_blocks,
         block_size=runner.kv_pool.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
     )
 
 
@@ -256,7 +257,13 @@ class ContinuousEngine:
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
         request_id = update.request.request_id
         finish_reason = FinishReason(update.finish_reason) if update.finish_reason else None
-        output = EngineOutput(request_id, [update.token_id], finish_reason, logprobs=(logprob,) if logprob else ())
+        output = EngineOutput(
+            request_id,
+            [update.token_id],
+            finish_reason,
+            logprobs=(logprob,) if logprob else (),
+            num_cached_tokens=max(update.request.num_cached_tokens, 0),
+        )
         if finish_reason is None:
             self._deliver(self._sequences[request_id], output)
         else:
@@ -280,6 +287,8 @@ class ContinuousEngine:
         with self._cond:
             self._stats.record_step(len(batch.chunks), num_decode_tokens, batch.num_tokens)
             self._stats.num_preemptions = self._scheduler.num_preemptions
+            self._stats.prefix_cache_queried_blocks = self._scheduler.block_manager.num_queried_blocks
+            self._stats.prefix_cache_hit_blocks = self._scheduler.block_manager.num_hit_blocks
 
     def _abort_all(self) -> None:
         with self._cond:
