@@ -6,7 +6,7 @@ import time
 
 from flask import Flask
 
-from api.blueprints import batches, chat, completions, files, health, models, requests
+from api.blueprints import batches, chat, completions, files, health, models, requests, saes, steering
 from api.errors import register_error_handlers
 from api.prompts import load_model_info
 from api.services import Services, close_db_session
@@ -30,7 +30,8 @@ def create_app(config: Config | None = None) -> Flask:
         model_info=load_model_info(config),
         started_at=int(time.time()),
     )
-    for blueprint in (chat.bp, completions.bp, models.bp, requests.bp, files.bp, batches.bp, health.bp):
+    blueprints = (chat, completions, models, requests, files, batches, health, saes, steering)
+    for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
     app.teardown_appcontext(close_db_session)
     register_error_handlers(app)

@@ -15,6 +15,7 @@ from api.generation import ID_PREFIX, check_model_name
 from api.prompts import ModelInfo, chat_prompt_ids, completion_prompt_ids
 from api.sampling import sampling_params
 from api.schemas import ChatCompletionRequest, CompletionRequest, StrictModel
+from api.steering import steering_and_monitor
 from tasks.messages import Endpoint, ErrorInfo, GenerateRequest
 
 URL_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS}
@@ -101,18 +102,23 @@ def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any]) 
         raise LineError(
             ErrorInfo("logprobs are not supported in batch requests yet", param="logprobs", code="invalid_value")
         )
+    if fields.monitor is not None:  # output lines have no place for the report yet
+        raise LineError(ErrorInfo("monitor is not supported in batch requests", param="monitor", code="invalid_value"))
     check_model_name(fields.model)
     if isinstance(fields, ChatCompletionRequest):
         prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages)
     else:
         prompt_ids = completion_prompt_ids(info.tokenizer, fields.prompt)
+    sampling = sampling_params(info, fields, len(prompt_ids))
+    steering, _ = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
     return GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
         endpoint=endpoint,
         model=info.name,
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(info, fields, len(prompt_ids)),
+        sampling=sampling,
         created=int(time.time()),
+        steering=steering,
     )
 
 

@@ -15,6 +15,7 @@ from api.sampling import sampling_params
 from api.schemas import GenerationFields
 from api.services import db_session, services
 from api.sse import relay_frames, sse_response
+from api.steering import steering_and_monitor
 from tasks.celery_app import enqueue_generate
 from tasks.finish import finish_request
 from tasks.messages import Endpoint, ErrorInfo, FinishReason, GenerateRequest
@@ -41,6 +42,7 @@ def check_model_name(name: str) -> None:
 def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict) -> Response:
     info = services().model_info
     sampling = sampling_params(info, fields, len(prompt_ids))
+    steering, monitor = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
     generate_request = GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
         endpoint=endpoint,
@@ -49,6 +51,8 @@ def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int]
         sampling=sampling,
         created=int(time.time()),
         n=fields.n,
+        steering=steering,
+        monitor=monitor,
     )
     record = _record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)

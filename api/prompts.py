@@ -21,13 +21,23 @@ class ModelInfo:
     name: str
     max_model_len: int
     tokenizer: PreTrainedTokenizerFast
+    hidden_size: int = 0  # what a raw steering vector's length must be; 0: unknown
+    num_layers: int = 0  # decoder layers a steering vector can name; 0: unknown
 
 
 def load_model_info(config: Config) -> ModelInfo:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(config.model)
-    max_model_len = config.max_model_len or _read_model_config(config.model)["max_position_embeddings"]
+    model_config = _read_model_config(config.model)
+    max_model_len = config.max_model_len or model_config["max_position_embeddings"]
     logger.info("tokenizer of %s loaded; max_model_len=%d", config.model, max_model_len)
-    return ModelInfo(name=config.model_name, max_model_len=int(max_model_len), tokenizer=tokenizer)
+    text_config = model_config.get("text_config") or model_config
+    return ModelInfo(
+        name=config.model_name,
+        max_model_len=int(max_model_len),
+        tokenizer=tokenizer,
+        hidden_size=int(text_config.get("hidden_size", 0)),
+        num_layers=int(text_config.get("num_hidden_layers", 0)),
+    )
 
 
 def _read_model_config(model: str) -> dict:

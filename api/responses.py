@@ -42,6 +42,8 @@ def completion_object(record: RequestRecord) -> dict[str, Any]:
         usage=Usage(record.prompt_tokens, result.completion_tokens),
         logprobs=result.logprobs,
         extra_choices=[ChoiceResult.from_dict(choice) for choice in result.extra_choices or []],
+        steering=result.steering,
+        monitor=result.monitor,
     )
 
 
@@ -76,6 +78,13 @@ def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
     chunks = [_chunk(meta, {}, event.finish_reason.value if event.finish_reason else None)]
     if meta.include_usage and event.usage is not None:
         chunks.append({**_envelope(meta), "choices": [], "usage": event.usage.to_dict()})
+    reports = {
+        name: report
+        for name, report in (("steering", event.steering), ("monitor", event.monitor))
+        if report is not None
+    }
+    if reports:
+        chunks.append({**_envelope(meta), "choices": [], **reports})
     return chunks
 
 

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from api.steering_schemas import MonitorBody, SteeringBody
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
@@ -61,6 +63,9 @@ class GenerationFields(StrictModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    # steerbatch's own: SAE steering (features: [] is explicitly unsteered) and per-request monitoring
+    steering: SteeringBody | None = None
+    monitor: MonitorBody | None = None
 
     @field_validator("stop")
     @classmethod

@@ -18,10 +18,14 @@ def completion_body(
     usage: Usage,
     logprobs: list[dict[str, Any]] | None = None,
     extra_choices: list[ChoiceResult] | None = None,
+    steering: dict[str, Any] | None = None,
+    monitor: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """OpenAI's `chat.completion` or `text_completion` object: choice 0, then any further choices of n > 1."""
+    """OpenAI's `chat.completion` or `text_completion` object: choice 0, then any further choices of n > 1; plus
+    steerbatch's `steering` and `monitor` reports when the request was steered or monitored."""
     first = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
     choices = [first] + [choice.to_dict() for choice in extra_choices or []]
+    reports = {name: report for name, report in (("steering", steering), ("monitor", monitor)) if report is not None}
     return {
         "id": request_id,
         "object": "chat.completion" if endpoint == Endpoint.CHAT else "text_completion",
@@ -30,6 +34,7 @@ def completion_body(
         "choices": [_choice_object(endpoint, choice) for choice in choices],
         "usage": usage.to_dict(),
         "system_fingerprint": None,
+        **reports,
     }
 
 

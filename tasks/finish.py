@@ -26,6 +26,8 @@ def finish_request(
     error: ErrorInfo | None = None,
     logprobs: list[dict[str, Any]] | None = None,
     extra_choices: list[dict[str, Any]] | None = None,
+    steering: dict[str, Any] | None = None,
+    monitor: dict[str, Any] | None = None,
 ) -> bool:
     """True if this call ended the request; False, streaming nothing, if another writer already had.
 
@@ -40,10 +42,14 @@ def finish_request(
         error=error,
         logprobs=logprobs,
         extra_choices=extra_choices,
+        steering=steering,
+        monitor=monitor,
     )
     if recorded:
         prompt_tokens = session.get(RequestRecord, request_id).prompt_tokens  # type: ignore[union-attr]
         usage = Usage(prompt_tokens, completion_tokens)
-        final = StreamEvent(EventType.FINAL, finish_reason=finish_reason, usage=usage, error=error)
+        final = StreamEvent(
+            EventType.FINAL, finish_reason=finish_reason, usage=usage, error=error, steering=steering, monitor=monitor
+        )
         append_event(client, config, request_id, final)
     return recorded

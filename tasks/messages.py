@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from tasks.steering_messages import MonitorSpec, SteeringSpec
+
 
 class Endpoint(str, Enum):
     CHAT = "chat.completions"
@@ -100,6 +102,8 @@ class GenerateRequest:
     sampling: SamplingParams
     created: int
     n: int = 1
+    steering: SteeringSpec | None = None  # None: the request said nothing, so the worker's profile applies
+    monitor: MonitorSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +114,8 @@ class GenerateRequest:
             "sampling": self.sampling.to_dict(),
             "created": self.created,
             "n": self.n,
+            "steering": None if self.steering is None else self.steering.to_dict(),
+            "monitor": None if self.monitor is None else self.monitor.to_dict(),
         }
 
     @classmethod
@@ -122,6 +128,8 @@ class GenerateRequest:
             sampling=SamplingParams.from_dict(data["sampling"]),
             created=int(data["created"]),
             n=int(data.get("n", 1)),
+            steering=None if data.get("steering") is None else SteeringSpec.from_dict(data["steering"]),
+            monitor=None if data.get("monitor") is None else MonitorSpec.from_dict(data["monitor"]),
         )
 
 
@@ -181,6 +189,8 @@ class StreamEvent:
     error: ErrorInfo | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # DELTA: chat's logprobs.content entries
     index: int = 0  # DELTA: the choice; with n > 1 a DELTA ends choices 1.. with finish_reason, FINAL ends choice 0
+    steering: dict[str, Any] | None = None  # FINAL: the steering that ran (steerbatch's report)
+    monitor: dict[str, Any] | None = None  # FINAL: the monitored positions
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -192,6 +202,8 @@ class StreamEvent:
             "finish_reason": self.finish_reason.value if self.finish_reason else None,
             "usage": self.usage.to_dict() if self.usage else None,
             "error": self.error.to_dict() if self.error else None,
+            "steering": self.steering,
+            "monitor": self.monitor,
         }
 
     @classmethod
@@ -205,4 +217,6 @@ class StreamEvent:
             error=ErrorInfo.from_dict(data["error"]) if data.get("error") else None,
             logprobs=list(data.get("logprobs", [])),
             index=int(data.get("index", 0)),
+            steering=data.get("steering"),
+            monitor=data.get("monitor"),
         )

@@ -54,5 +54,7 @@ class ResultRecord(Base):
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # chat's content entries
     extra_choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # n > 1: ChoiceResults
+    steering: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the steering that ran
+    monitor: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the monitored positions
     finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     request: Mapped[RequestRecord] = relationship(back_populates="result")

@@ -47,6 +47,8 @@ def record_result(
     error: ErrorInfo | None = None,
     logprobs: list[dict[str, Any]] | None = None,
     extra_choices: list[dict[str, Any]] | None = None,
+    steering: dict[str, Any] | None = None,
+    monitor: dict[str, Any] | None = None,
 ) -> bool:
     """Store the one result of a request; True if this call stored it, False if another writer had."""
     if session.get(ResultRecord, request_id) is not None:
@@ -61,6 +63,8 @@ def record_result(
             error=error.to_dict() if error else None,
             logprobs=logprobs,
             extra_choices=extra_choices,
+            steering=steering,
+            monitor=monitor,
             finished_at=datetime.now(timezone.utc),
         )
     )

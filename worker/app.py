@@ -21,6 +21,7 @@ from worker.continuous_engine import ContinuousEngine
 from worker.generation import GenerationHandler
 from worker.lease import WorkerLease
 from worker.model_runner import ModelRunner
+from worker.steering_sync import SteeringSync
 
 logger = logging.getLogger(__name__)
 config = Config.from_env()
@@ -32,6 +33,7 @@ class WorkerRuntime:
     engine: ContinuousEngine
     handler: GenerationHandler
     lease: WorkerLease
+    steering: SteeringSync
 
 
 _runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the pool takes tasks
@@ -41,7 +43,8 @@ _bulk: list[BulkRuntime] = []  # the same, for batch chunks and the batch reaper
 @worker_init.connect
 def load_model(sender: WorkController, **_: object) -> None:
     configure_logging(config)
-    engine = ContinuousEngine(ModelRunner(config), config)
+    runner = ModelRunner(config)
+    engine = ContinuousEngine(runner, config)
     engine.start()
     client = connect_redis(config)
     handler = GenerationHandler(
@@ -56,7 +59,9 @@ def load_model(sender: WorkController, **_: object) -> None:
         client, config, sender.hostname, is_healthy=engine.is_alive, read_stats=lambda: engine.stats.to_dict()
     )
     lease.start()
-    _runtime.append(WorkerRuntime(engine, handler, lease))
+    steering = SteeringSync(client, config, sender.hostname, engine, runner.saes)
+    steering.start()
+    _runtime.append(WorkerRuntime(engine, handler, lease, steering))
     _bulk.append(start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, sender.hostname))
     logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_num_seqs)
 
@@ -68,6 +73,7 @@ def stop_engine(**_: object) -> None:
     for runtime in _runtime:
         runtime.engine.stop()
         runtime.lease.stop()
+        runtime.steering.stop()
 
 
 @celery.task(name=GENERATE_TASK)

@@ -20,6 +20,7 @@ from tasks.batch_store import LineOutcome, claim_chunk, finish_lines, renew_leas
 from tasks.config import Config
 from tasks.db import SessionFactory
 from tasks.messages import FinishReason, GenerateRequest
+from tasks.steering_store import read_profile
 from worker.choice import Choice
 from worker.engine import BULK_PRIORITY, Engine, EngineOutput, EngineRequest
 from worker.text_stream import TextStream
@@ -103,10 +104,16 @@ class ChunkRunner:
         return _LineRun(line, request, Choice(0, request.request_id, text_stream, wants_logprobs=False))
 
     def _submit_all(self, chunk: _Chunk) -> None:
+        profile = read_profile(self.redis, self.config)
         for run in chunk.runs.values():
             request = run.request
+            steering = profile if request.steering is None else request.steering
             engine_request = EngineRequest(
-                request.request_id, request.prompt_token_ids, request.sampling, BULK_PRIORITY
+                request.request_id,
+                request.prompt_token_ids,
+                request.sampling,
+                BULK_PRIORITY,
+                steering=steering,
             )
             self.engine.submit(engine_request, chunk.outputs.put)
         task = chunk.task

@@ -7,6 +7,7 @@ import logging
 import queue
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from transformers import PreTrainedTokenizerFast
@@ -16,10 +17,13 @@ from tasks.db import SessionFactory
 from tasks.finish import finish_request
 from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent
 from tasks.models import TERMINAL_STATUSES, RequestStatus
+from tasks.steering_messages import SteeringSpec
+from tasks.steering_store import read_profile
 from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
 from worker.choice import Choice, ChoiceDelta
 from worker.engine import Engine, EngineOutput, EngineRequest
+from worker.steering_report import PROFILE, REQUEST, SteeringReport
 from worker.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
@@ -31,6 +35,8 @@ class Outcome:
     choices: list[ChoiceResult]
     completion_tokens: int  # over all choices, as OpenAI's usage counts them
     error: ErrorInfo | None = None
+    steering: dict[str, Any] | None = None  # the steering that ran, and whether the request or the profile set it
+    monitor: dict[str, Any] | None = None  # choice 0's monitored positions
 
     @classmethod
     def ended(cls, finish_reason: FinishReason | None, error: ErrorInfo | None = None) -> Outcome:
@@ -89,24 +95,46 @@ class GenerationHandler:
 
     def _run(self, request: GenerateRequest) -> Outcome:
         outputs: queue.Queue[EngineOutput] = queue.Queue()
-        choices = [self._start_choice(request, index, outputs) for index in range(request.n)]
+        steering, source = self._steering_for(request)
+        choices = [self._start_choice(request, index, outputs, steering) for index in range(request.n)]
+        report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
         try:
-            return self._follow(request, choices, outputs)
+            outcome = self._follow(request, choices, outputs, report)
         finally:
             for choice in choices:
                 self.engine.cancel(choice.engine_request_id)  # a no-op once the engine has finished it
+        return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
 
-    def _start_choice(self, request: GenerateRequest, index: int, outputs: queue.Queue[EngineOutput]) -> Choice:
-        """Choice i of n runs as its own engine request; a seeded request's choice i uses seed + i."""
+    def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, str]:
+        """The request's own steering, else the worker-wide profile (read per request, so a PUT applies at once)."""
+        if request.steering is not None:
+            return request.steering, REQUEST
+        return read_profile(self.redis, self.config), PROFILE
+
+    def _start_choice(
+        self, request: GenerateRequest, index: int, outputs: queue.Queue[EngineOutput], steering: SteeringSpec | None
+    ) -> Choice:
+        """Choice i of n runs as its own engine request; a seeded request's choice i uses seed + i. Every choice is
+        steered alike; only choice 0 is monitored, since the prompt's positions would repeat n times."""
         engine_request_id = request.request_id if request.n == 1 else f"{request.request_id}#{index}"
         sampling = request.sampling
         if sampling.seed is not None and index > 0:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
-        self.engine.submit(EngineRequest(engine_request_id, request.prompt_token_ids, sampling), outputs.put)
+        monitor = request.monitor if index == 0 else None
+        engine_request = EngineRequest(
+            engine_request_id, request.prompt_token_ids, sampling, steering=steering, monitor=monitor
+        )
+        self.engine.submit(engine_request, outputs.put)
         text_stream = TextStream(self.tokenizer, request.prompt_token_ids, sampling.stop)
         return Choice(index, engine_request_id, text_stream, wants_logprobs=sampling.logprobs is not None)
 
-    def _follow(self, request: GenerateRequest, choices: list[Choice], outputs: queue.Queue[EngineOutput]) -> Outcome:
+    def _follow(
+        self,
+        request: GenerateRequest,
+        choices: list[Choice],
+        outputs: queue.Queue[EngineOutput],
+        report: SteeringReport,
+    ) -> Outcome:
         by_engine_id = {choice.engine_request_id: choice for choice in choices}
         next_cancel_check = 0.0
         while not all(choice.is_done for choice in choices):
@@ -121,6 +149,7 @@ class GenerationHandler:
                 output = outputs.get(timeout=CANCEL_POLL_S)
             except queue.Empty:
                 continue
+            report.add(output)
             choice = by_engine_id[output.request_id]
             if choice.is_done:
                 continue  # the abort that follows a stop string
@@ -162,6 +191,8 @@ class GenerationHandler:
                 error=outcome.error,
                 logprobs=outcome.choices[0].logprobs,
                 extra_choices=[choice.to_dict() for choice in outcome.choices[1:]] or None,
+                steering=outcome.steering,
+                monitor=outcome.monitor,
             )
         if not is_recorded:
             logger.warning("request %s already had a result; this run's is dropped", request.request_id)

@@ -1,0 +1,89 @@
+"""Steering state shared through Redis: each worker's SAE listing and monitor statistics (expiring with its lease),
+the worker-wide steering profile, and the worker-wide monitor's settings.
+
+Workers publish what only they can know (which SAEs fit their model); the api, which never loads torch, reads it to
+list SAEs and to validate requests against them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from tasks.config import Config
+from tasks.steering_messages import SteeringSpec
+
+
+def _saes_key(config: Config, worker: str) -> str:
+    return f"{config.redis_prefix}saes:{worker}"
+
+
+def _monitor_stats_key(config: Config, worker: str) -> str:
+    return f"{config.redis_prefix}monitor:stats:{worker}"
+
+
+def _profile_key(config: Config) -> str:
+    return f"{config.redis_prefix}steering:profile"
+
+
+def _monitor_settings_key(config: Config) -> str:
+    return f"{config.redis_prefix}monitor:settings"
+
+
+def publish_saes(client: redis.Redis, config: Config, worker: str, listings: list[dict[str, Any]]) -> None:
+    client.set(_saes_key(config, worker), json.dumps(listings), px=int(config.worker_lease_s * 1000))
+
+
+def read_saes(client: redis.Redis, config: Config) -> dict[str, dict[str, Any]]:
+    """Every live worker's SAEs by id (workers serving one model list the same ones)."""
+    listings: dict[str, dict[str, Any]] = {}
+    for key in client.scan_iter(match=_saes_key(config, "*"), count=100):
+        raw = client.get(key)
+        for listing in json.loads(raw) if raw else []:
+            listings.setdefault(listing["id"], listing)
+    return dict(sorted(listings.items()))
+
+
+def write_profile(client: redis.Redis, config: Config, profile: SteeringSpec | None) -> None:
+    if profile is None:
+        client.delete(_profile_key(config))
+    else:
+        client.set(_profile_key(config), json.dumps(profile.to_dict()))
+
+
+def read_profile(client: redis.Redis, config: Config) -> SteeringSpec | None:
+    raw = client.get(_profile_key(config))
+    return None if raw is None else SteeringSpec.from_dict(json.loads(raw))
+
+
+def write_monitor_settings(client: redis.Redis, config: Config, settings: dict[str, Any] | None) -> None:
+    """`settings` {"sae_id", "features"}; a new write restarts every worker's statistics (None stops them)."""
+    if settings is None:
+        client.delete(_monitor_settings_key(config))
+    else:
+        client.set(_monitor_settings_key(config), json.dumps(settings))
+
+
+def read_monitor_settings(client: redis.Redis, config: Config) -> dict[str, Any] | None:
+    raw = client.get(_monitor_settings_key(config))
+    return None if raw is None else json.loads(raw)
+
+
+def publish_monitor_stats(client: redis.Redis, config: Config, worker: str, stats: dict[str, Any] | None) -> None:
+    if stats is None:
+        client.delete(_monitor_stats_key(config, worker))
+    else:
+        client.set(_monitor_stats_key(config, worker), json.dumps(stats), px=int(config.worker_lease_s * 1000))
+
+
+def read_monitor_stats(client: redis.Redis, config: Config) -> list[dict[str, Any]]:
+    """Each live worker's snapshot, with its name under "worker"."""
+    prefix = _monitor_stats_key(config, "")
+    snapshots = []
+    for key in sorted(client.scan_iter(match=_monitor_stats_key(config, "*"), count=100)):
+        raw = client.get(key)
+        if raw is not None:
+            snapshots.append({"worker": key.removeprefix(prefix), **json.loads(raw)})
+    return snapshots
