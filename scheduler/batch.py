@@ -15,11 +15,19 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     is_sampling: bool  # the chunk reaches the request's last token, so the step samples its next token
+    num_spec_tokens: int = 0  # proposed tokens at the chunk's end, each verified by the logits before it
 
     @classmethod
     def of(cls, request: Request, num_tokens: int) -> ScheduledChunk:
         start = request.num_computed_tokens
-        return cls(request, start, num_tokens, is_sampling=start + num_tokens == request.num_tokens)
+        is_sampling = start + num_tokens == request.num_tokens + len(request.spec_token_ids)
+        num_spec_tokens = len(request.spec_token_ids) if is_sampling else 0
+        return cls(request, start, num_tokens, is_sampling, num_spec_tokens)
+
+    @property
+    def num_logits(self) -> int:
+        """Positions whose logits the step needs: the last one of a sampling chunk, and one per proposed token."""
+        return 1 + self.num_spec_tokens if self.is_sampling else 0
 
     @property
     def end(self) -> int:

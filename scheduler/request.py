@@ -41,6 +41,7 @@ class Request:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks cached so far, in order
     num_cached_tokens: int = -1  # prompt tokens the prefix cache served at first admission; -1 before it
+    spec_token_ids: list[int] = field(default_factory=list)  # proposed to follow the output, verified next step
     status: RequestStatus = RequestStatus.WAITING
 
     @property
@@ -57,14 +58,15 @@ class Request:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
+        """Tokens the next chunks must compute: the rest of prompt + output, then any proposed tokens."""
+        return self.num_tokens + len(self.spec_token_ids) - self.num_computed_tokens
 
     def token_ids(self, start: int, stop: int) -> list[int]:
-        """Tokens [start, stop) of prompt + output."""
+        """Tokens [start, stop) of prompt + output + proposed tokens."""
         num_prompt = self.num_prompt_tokens
         if stop <= num_prompt:
             return self.prompt_token_ids[start:stop]
-        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
+        return (self.prompt_token_ids + self.output_token_ids + self.spec_token_ids)[start:stop]
 
     @property
     def is_finished(self) -> bool:

@@ -34,10 +34,10 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class TokenUpdate:
-    """One request's new token after a step, and how it finished if it did."""
+    """One request's new tokens after a step (several when proposed tokens were accepted), and how it finished."""
 
     request: Request
-    token_id: int
+    token_ids: list[int]
     finish_reason: str | None
 
 
@@ -81,16 +81,21 @@ class Scheduler:
             self._schedule_waiting(batch, budget)
         return batch
 
-    def update_from_output(self, batch: Batch, sampled_token_ids: list[int]) -> list[TokenUpdate]:
-        """Advances every chunk; `sampled_token_ids` has one token per sampling chunk, in batch order."""
+    def update_from_output(self, batch: Batch, sampled_token_ids: list[list[int]]) -> list[TokenUpdate]:
+        """Advances every chunk; `sampled_token_ids` has, per sampling chunk in batch order, its accepted proposed
+        tokens and then one sampled token. Rejected proposals are rolled back: their K/V lie past the request's
+        computed length, to be overwritten."""
         sampled = iter(sampled_token_ids)
         updates = []
         for chunk in batch.chunks:
             request = chunk.request
-            request.num_computed_tokens = chunk.end
+            tokens = next(sampled) if chunk.is_sampling else []
+            num_accepted = max(len(tokens) - 1, 0)
+            request.num_computed_tokens = chunk.end - chunk.num_spec_tokens + num_accepted
+            request.spec_token_ids = []
             self.block_manager.cache_full_blocks(request)
             if chunk.is_sampling:
-                updates.append(self._append_token(request, next(sampled)))
+                updates.append(self._append_tokens(request, tokens))
         return updates
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
@@ -99,6 +104,9 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_tokens = self._chunk_size(request, budget)
+            if num_tokens < request.num_uncomputed_tokens and request.spec_token_ids:
+                request.spec_token_ids = []  # no room to verify them all this step: decode plainly
+                num_tokens = self._chunk_size(request, budget)
             if not self._make_room(request, request.num_computed_tokens + num_tokens, batch):
                 break  # the request preempted itself: it and everything after it are back in waiting
             batch.chunks.append(self._scheduled(request, num_tokens))
@@ -160,6 +168,7 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         self.num_preemptions += 1
         batch.preempted.append(request)
@@ -170,13 +179,18 @@ class Scheduler:
         self.waiting.append(request)
         self.waiting.sort(key=lambda r: r.sort_key)
 
-    def _append_token(self, request: Request, token_id: int) -> TokenUpdate:
-        request.output_token_ids.append(token_id)
-        status = self._finished_status(request, token_id)
-        if status is not None:
-            self.running.remove(request)
-            self._finish(request, status)
-        return TokenUpdate(request, token_id, request.finish_reason)
+    def _append_tokens(self, request: Request, token_ids: list[int]) -> TokenUpdate:
+        """Appends in order until the request finishes; tokens after a stop are dropped."""
+        appended = []
+        for token_id in token_ids:
+            request.output_token_ids.append(token_id)
+            appended.append(token_id)
+            status = self._finished_status(request, token_id)
+            if status is not None:
+                self.running.remove(request)
+                self._finish(request, status)
+                break
+        return TokenUpdate(request, appended, request.finish_reason)
 
     def _finished_status(self, request: Request, token_id: int) -> RequestStatus | None:
         if token_id in request.stop_token_ids and request.num_output_tokens > request.min_tokens:

@@ -36,6 +36,10 @@ class Config:
     kv_cache_tokens: int = 0  # KV pool size; 0: from kv_cache_memory_fraction on cuda, max_num_seqs x context on cpu
     kv_cache_memory_fraction: float = 0.85  # of the device memory left free after loading the model (cuda)
     enable_prefix_caching: bool = True  # requests share the KV blocks of a common prefix (system prompts)
+    speculative_method: str = "ngram"  # prompt-lookup speculative decoding for plain greedy requests; or "none"
+    num_speculative_tokens: int = 4  # most tokens proposed per step
+    spec_max_batch_size: int = 8  # no speculation in steps with more running requests than this
+    spec_min_acceptance: float = 0.3  # below this running acceptance rate a request proposes one token at a time
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     host: str = "127.0.0.1"

@@ -25,7 +25,9 @@ from worker.engine import EngineOutput, EngineRequest, OutputCallback
 from worker.engine_stats import EngineStats
 from worker.model_runner import ModelRunner
 from worker.request_sae import RequestSAE, resolve_request_sae
-from worker.sampler import SamplingRow, sample
+from worker.sampler import SamplingRow
+from worker.speculation import SpeculationConfig, Speculator
+from worker.step_tokens import pick_tokens
 from worker.worker_monitor import WorkerMonitor
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,15 @@ def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
     )
 
 
+def speculation_config(config: Config) -> SpeculationConfig:
+    return SpeculationConfig(
+        method=config.speculative_method,
+        num_tokens=config.num_speculative_tokens,
+        max_batch_size=config.spec_max_batch_size,
+        min_acceptance=config.spec_min_acceptance,
+    )
+
+
 class ContinuousEngine:
     """Implements `worker.engine.Engine`; `submit` and `cancel` may be called from any thread."""
 
@@ -89,6 +100,7 @@ class ContinuousEngine:
         self._worker_monitor: WorkerMonitor | None = None
         self._config = config
         self._stats = EngineStats()
+        self._speculator = Speculator(speculation_config(config), runner.max_model_len)
         self._thread = threading.Thread(target=self._run, name="continuous-engine", daemon=True)
 
     def start(self) -> None:
@@ -222,6 +234,7 @@ class ContinuousEngine:
         return None
 
     def _step_or_fail(self) -> None:
+        self._speculator.propose(self._scheduler.running, self._can_speculate, self._num_tokens_left)
         batch = self._scheduler.schedule()
         try:
             self._step(batch)
@@ -239,12 +252,24 @@ class ContinuousEngine:
         output = self._runner.run(batch, rows, worker_monitor)
         for request_id, positions in output.monitored.items():
             self._sequences[request_id].monitored.extend(positions)
-        sampling_chunks = batch.sampling_chunks
-        sampled = sample(output.logits, [self._sampling_row(chunk.request) for chunk in sampling_chunks])
-        updates = self._scheduler.update_from_output(batch, sampled.token_ids)
+        picked = pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row)
+        for verification in picked.verifications:
+            self._speculator.record(verification.request_id, verification.num_proposed, verification.num_accepted)
+        updates = self._scheduler.update_from_output(batch, picked.token_ids)
         self._record_step(batch)
-        for update, logprob in zip(updates, sampled.logprobs, strict=True):
+        for update, logprob in zip(updates, picked.logprobs, strict=True):
             self._emit(update, logprob)
+
+    def _can_speculate(self, request: Request) -> bool:
+        """Rows whose accepted proposals are exactly what plain decoding would produce, and that change no
+        steered or monitored activations."""
+        sequence = self._sequences[request.request_id]
+        sampling = sequence.request.sampling
+        is_plain = sampling.is_greedy and not sampling.has_penalties and sampling.logprobs is None
+        return is_plain and sequence.sae is None and request.num_output_tokens >= sampling.min_tokens
+
+    def _num_tokens_left(self, request: Request) -> int:
+        return self._sequences[request.request_id].request.sampling.max_tokens - request.num_output_tokens
 
     def _sampling_row(self, request: Request) -> SamplingRow:
         sequence = self._sequences[request.request_id]
@@ -259,7 +284,7 @@ class ContinuousEngine:
         finish_reason = FinishReason(update.finish_reason) if update.finish_reason else None
         output = EngineOutput(
             request_id,
-            [update.token_id],
+            update.token_ids,
             finish_reason,
             logprobs=(logprob,) if logprob else (),
             num_cached_tokens=max(update.request.num_cached_tokens, 0),
@@ -271,6 +296,7 @@ class ContinuousEngine:
 
     def _finish(self, request_id: str, output: EngineOutput) -> None:
         sequence = self._sequences.pop(request_id)
+        self._speculator.forget(request_id)
         with self._cond:
             self._active.discard(request_id)
             self._cancelled.discard(request_id)
@@ -289,6 +315,8 @@ class ContinuousEngine:
             self._stats.num_preemptions = self._scheduler.num_preemptions
             self._stats.prefix_cache_queried_blocks = self._scheduler.block_manager.num_queried_blocks
             self._stats.prefix_cache_hit_blocks = self._scheduler.block_manager.num_hit_blocks
+            self._stats.num_proposed_tokens = self._speculator.num_proposed_tokens
+            self._stats.num_accepted_tokens = self._speculator.num_accepted_tokens
 
     def _abort_all(self) -> None:
         with self._cond:

@@ -15,6 +15,8 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queried_blocks: int = 0
     prefix_cache_hit_blocks: int = 0
+    num_proposed_tokens: int = 0  # speculative decoding
+    num_accepted_tokens: int = 0
     max_batch_size_seen: int = 0  # requests in one forward pass
     batch_size_histogram: dict[int, int] = field(default_factory=dict)  # requests in a forward pass -> passes
 

@@ -58,8 +58,8 @@ def build_paged_step(batch: Batch, block_size: int, device: torch.device, for_fl
     chunks = batch.chunks
     input_ids, positions, slots, rows, logits_indices = [], [], [], [], []
     for row, chunk in enumerate(chunks):
-        if chunk.is_sampling:
-            logits_indices.append(len(input_ids) + chunk.num_tokens - 1)
+        chunk_end = len(input_ids) + chunk.num_tokens
+        logits_indices.extend(range(chunk_end - chunk.num_logits, chunk_end))
         input_ids.extend(chunk.token_ids)
         span = range(chunk.start, chunk.end)
         positions.extend(span)

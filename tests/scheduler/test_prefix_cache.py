@@ -72,7 +72,7 @@ def test_a_fully_cached_prompt_still_computes_its_last_token() -> None:
     scheduler.add(again)
     batch, updates = step(scheduler)
     assert again.num_cached_tokens == 36 and batch.chunks[0].num_tokens == 4
-    assert updates[0].token_id == 100
+    assert updates[0].token_ids == [100]
 
 
 def test_different_steering_never_shares_blocks() -> None:

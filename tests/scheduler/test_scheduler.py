@@ -21,7 +21,7 @@ def request(request_id: str, num_prompt: int, max_tokens: int = 8, priority: int
 def step(scheduler: Scheduler, tokens: dict[str, int] | None = None) -> tuple[Batch, list[TokenUpdate]]:
     batch = scheduler.schedule()
     chunks = batch.sampling_chunks
-    sampled = [(tokens or {}).get(c.request.request_id, 100 + c.request.num_output_tokens) for c in chunks]
+    sampled = [[(tokens or {}).get(c.request.request_id, 100 + c.request.num_output_tokens)] for c in chunks]
     return batch, scheduler.update_from_output(batch, sampled)
 
 
@@ -39,7 +39,7 @@ def test_prefill_then_decode_then_length() -> None:
     scheduler.add(r)
     batch, updates = step(scheduler)
     assert [(c.start, c.num_tokens, c.is_sampling) for c in batch.chunks] == [(0, 10, True)]
-    assert [u.token_id for u in updates] == [100]
+    assert [u.token_ids for u in updates] == [[100]]
     batch, _ = step(scheduler)
     assert [(c.start, c.num_tokens, c.is_decode) for c in batch.chunks] == [(10, 1, True)]
     _, updates = step(scheduler)

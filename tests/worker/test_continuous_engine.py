@@ -51,7 +51,7 @@ def test_single_greedy_request_matches_hf_generate(
     prompt = tokenizer.encode(PROMPTS[0])
     collector = run(engine, "solo", prompt, greedy(40))
     assert collector.token_ids == hf_greedy(reference_model, runner.eos_token_ids, prompt, 40)
-    assert all(len(output.new_token_ids) == 1 for output in collector.outputs)
+    assert all(output.new_token_ids for output in collector.outputs)  # several when proposed tokens were accepted
     assert [output.is_finished for output in collector.outputs].count(True) == 1
 
 

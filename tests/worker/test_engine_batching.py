@@ -68,9 +68,11 @@ def test_32_staggered_requests_match_hf_generate_token_for_token(
         assert collector.token_ids == hf_greedy(reference_model, frozenset(), prompt, num_max)
     stats = chunked_engine.stats
     assert stats.max_batch_size_seen > 4
-    # every prompt token and every output but the last went through the model exactly once
+    # every prompt token and every output but the last went through the model exactly once, plus the proposed
+    # tokens that speculative decoding computed and then rejected
     num_computed = sum(len(prompt) + num_max - 1 for prompt, num_max in zip(prompts, max_tokens, strict=True))
-    assert stats.num_prefill_tokens + stats.num_decode_tokens == num_computed
+    num_rejected = stats.num_proposed_tokens - stats.num_accepted_tokens
+    assert stats.num_prefill_tokens + stats.num_decode_tokens == num_computed + num_rejected
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_decodes_go_on(

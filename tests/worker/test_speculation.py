@@ -1,0 +1,107 @@
+"""Prompt-lookup speculative decoding: the proposer and verifier alone, then the engine, whose greedy output must be
+token-identical with speculation on and off, alone and beside rows that do not speculate."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from scheduler.request import Request
+from tasks.config import Config
+from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
+from worker.engine import EngineRequest
+from worker.model_runner import ModelRunner
+from worker.speculation import SpeculationConfig, Speculator, propose_ngram, verify_greedy
+
+SPEC = SpeculationConfig(method="ngram", num_tokens=4, max_batch_size=2, min_acceptance=0.3)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "num", "expected"),
+    [
+        ([1, 2, 3, 4, 1, 2], 3, [3, 4, 1]),  # the longest recurring n-gram wins
+        ([1, 2, 3, 9, 2, 3], 2, [9, 2]),
+        ([5, 6, 7], 2, []),  # nothing recurs
+        ([7, 7, 7], 4, [7]),  # only what exists after the occurrence
+        ([256, 1, 256], 1, [1]),  # byte patterns across token boundaries never match
+        ([1, 2, 3], 0, []),
+    ],
+)
+def test_propose_ngram(tokens: list[int], num: int, expected: list[int]) -> None:
+    assert propose_ngram(tokens, num) == expected
+
+
+def test_verify_greedy_keeps_the_agreeing_prefix_and_the_models_next_token() -> None:
+    logits = torch.full((4, 10), -1.0)
+    for row, token in enumerate([5, 6, 9, 2]):
+        logits[row, token] = 1.0
+    assert verify_greedy(logits, [5, 6, 7]) == [5, 6, 9]
+    assert verify_greedy(logits, [1, 6, 9]) == [5]
+    assert verify_greedy(logits, [5, 6, 9]) == [5, 6, 9, 2]  # all accepted: the bonus token too
+
+
+def running_request(request_id: str, tokens: list[int]) -> Request:
+    request = Request(request_id, tokens, max_tokens=50)
+    request.num_computed_tokens = len(tokens) - 1
+    return request
+
+
+def test_the_proposal_length_follows_acceptance_and_stops_at_large_batches() -> None:
+    speculator = Speculator(SPEC, max_model_len=1000)
+    good, bad = running_request("good", [1, 2, 3, 4, 5, 1, 2]), running_request("bad", [1, 2, 3, 4, 5, 1, 2])
+    speculator.propose([good, bad], lambda _: True, lambda _: 50)
+    assert good.spec_token_ids == bad.spec_token_ids == [3, 4, 5, 1]
+    for _ in range(5):
+        speculator.record("good", 4, 4)
+        speculator.record("bad", 4, 0)
+    speculator.propose([good, bad], lambda _: True, lambda _: 50)
+    assert len(good.spec_token_ids) == 4 and len(bad.spec_token_ids) == 1
+    third = running_request("third", [1, 2, 1])
+    speculator.propose([good, bad, third], lambda _: True, lambda _: 50)
+    assert good.spec_token_ids == bad.spec_token_ids == third.spec_token_ids == []
+
+
+def test_proposals_never_run_past_max_tokens_or_ineligible_rows() -> None:
+    speculator = Speculator(SPEC, max_model_len=1000)
+    near_end, ineligible = running_request("near-end", [1, 2, 3, 1, 2]), running_request("steered", [1, 2, 1])
+    speculator.propose([near_end, ineligible], lambda r: r.request_id != "steered", lambda _: 3)
+    assert near_end.spec_token_ids == [3, 1]  # two proposed + the model's own token = the 3 left
+    assert ineligible.spec_token_ids == []
+
+
+def grounded_prompt(seed: int) -> list[int]:
+    """A passage, then the start of its copy: prompt lookup's home ground."""
+    rng = random.Random(seed)
+    passage = [rng.randrange(5, 2000) for _ in range(60)]
+    return [*passage, *passage, *passage[:10]]
+
+
+@pytest.mark.parametrize("method", ["ngram", "none"])
+def test_greedy_output_is_identical_with_and_without_speculation(
+    method: str,
+    endless_runner: ModelRunner,
+    tiny_config: Config,
+    reference_model: PreTrainedModel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    serving = serve(endless_runner, dataclasses.replace(tiny_config, speculative_method=method), caplog)
+    engine = next(serving)
+    alone = grounded_prompt(0)
+    assert run(engine, "alone", alone, greedy(30)).token_ids == hf_greedy(reference_model, frozenset(), alone, 30)
+    prompts = [grounded_prompt(i) for i in range(1, 4)]
+    requests = [EngineRequest(f"mixed-{i}", p, greedy(24)) for i, p in enumerate(prompts)]
+    logprobs_row = dataclasses.replace(greedy(24), logprobs=1)  # never speculates, shares the steps
+    requests.append(EngineRequest("with-logprobs", prompts[0], logprobs_row))
+    collectors = submit_together(engine, requests)
+    for prompt, collector in zip([*prompts, prompts[0]], collectors, strict=True):
+        assert collector.token_ids == hf_greedy(reference_model, frozenset(), prompt, 24)
+    stats = engine.stats
+    if method == "ngram":
+        assert stats.num_accepted_tokens > 0 and stats.num_proposed_tokens >= stats.num_accepted_tokens
+    else:
+        assert stats.num_proposed_tokens == 0
+    next(serving, None)

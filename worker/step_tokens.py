@@ -1,0 +1,54 @@
+"""Each sampling chunk's new tokens from the step's logits: the sampler for plain rows, greedy verification for
+rows that carried proposed tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from scheduler.batch import ScheduledChunk
+from scheduler.request import Request
+from tasks.messages import TokenLogprob
+from worker.sampler import SamplingRow, sample
+from worker.speculation import verify_greedy
+
+
+@dataclass(frozen=True)
+class Verification:
+    request_id: str
+    num_proposed: int
+    num_accepted: int
+
+
+@dataclass(frozen=True)
+class StepTokens:
+    token_ids: list[list[int]]  # per sampling chunk: accepted proposed tokens, then one new token
+    logprobs: list[TokenLogprob | None]  # per sampling chunk (rows that speculate never ask for logprobs)
+    verifications: list[Verification]
+
+
+def pick_tokens(
+    chunks: list[ScheduledChunk],
+    logits: torch.Tensor,  # [sum of chunks' num_logits, V]
+    sampling_row: Callable[[Request], SamplingRow],
+) -> StepTokens:
+    first_rows, row = [], 0
+    for chunk in chunks:
+        first_rows.append(row)
+        row += chunk.num_logits
+    plain = [i for i, chunk in enumerate(chunks) if not chunk.num_spec_tokens]
+    index = torch.tensor([first_rows[i] for i in plain], dtype=torch.long, device=logits.device)
+    sampled = sample(logits.index_select(0, index), [sampling_row(chunks[i].request) for i in plain])
+    token_ids: list[list[int]] = [[] for _ in chunks]
+    logprobs: list[TokenLogprob | None] = [None] * len(chunks)
+    for position, i in enumerate(plain):
+        token_ids[i], logprobs[i] = [sampled.token_ids[position]], sampled.logprobs[position]
+    verifications = []
+    for i, chunk in enumerate(chunks):
+        if chunk.num_spec_tokens:
+            proposed = chunk.token_ids[-chunk.num_spec_tokens :]
+            token_ids[i] = verify_greedy(logits[first_rows[i] : first_rows[i] + chunk.num_logits], proposed)
+            verifications.append(Verification(chunk.request.request_id, len(proposed), len(token_ids[i]) - 1))
+    return StepTokens(token_ids, logprobs, verifications)
