@@ -135,3 +135,25 @@ def test_bad_steering_fails_only_its_own_request(
     assert failed.outputs[-1].error is not None and message in failed.outputs[-1].error
     assert failed.token_ids == []
     assert len(run(endless_engine, "fine", [5, 6, 7], greedy(3)).token_ids) == 3
+
+
+def test_the_prefix_cache_never_serves_kv_computed_under_other_steering(
+    endless_engine: ContinuousEngine,
+    reference_model: PreTrainedModel,
+    steering_demo: dict,
+    demo_directions: list[torch.Tensor],
+) -> None:
+    prompt = list(range(300, 364))  # four full KV blocks
+    steering = feature_spec(steering_demo, 0)
+
+    def hits() -> int:
+        return endless_engine.stats.prefix_cache_hit_blocks
+
+    plain = run(endless_engine, "plain", prompt, greedy(MAX_TOKENS)).token_ids
+    before = hits()
+    steered = run(endless_engine, "steered", prompt, greedy(MAX_TOKENS), steering).token_ids
+    assert hits() == before  # the unsteered blocks were not taken
+    assert steered == steered_reference(reference_model, demo_directions[0], prompt, MAX_TOKENS) != plain
+    assert run(endless_engine, "steered-again", prompt, greedy(MAX_TOKENS), steering).token_ids == steered
+    assert hits() > before  # the same steering does share its blocks
+    assert run(endless_engine, "plain-again", prompt, greedy(MAX_TOKENS)).token_ids == plain
