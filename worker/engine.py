@@ -22,11 +22,6 @@ class EngineRequest:
     steering: SteeringSpec | None = None  # None: unsteered; a spec with nothing in it: explicitly unsteered
     monitor: MonitorSpec | None = None
 
-    @property
-    def allows_speculation(self) -> bool:
-        """Speculative decoding (issue 4) stays off for steered and monitored rows."""
-        return self.steering is None and self.monitor is None
-
 
 @dataclass(frozen=True)
 class EngineOutput:
