@@ -1,5 +1,5 @@
-"""Steering state shared through Redis: each worker's SAE listing and monitor statistics (expiring with its lease),
-the worker-wide steering profile, and the worker-wide monitor's settings.
+"""Steering state shared through Redis: the SAE listing of the workers serving the model and each worker's monitor
+statistics (both expiring with the lease), the worker-wide steering profile, and the worker-wide monitor's settings.
 
 Workers publish what only they can know (which SAEs fit their model); the api, which never loads torch, reads it to
 list SAEs and to validate requests against them.
@@ -16,8 +16,9 @@ from tasks.config import Config
 from tasks.steering_messages import SteeringSpec
 
 
-def _saes_key(config: Config, worker: str) -> str:
-    return f"{config.redis_prefix}saes:{worker}"
+def _saes_key(config: Config) -> str:
+    """One key per served model: its workers share the SAE root, so they list the same SAEs."""
+    return f"{config.redis_prefix}saes:{config.model_name}"
 
 
 def _monitor_stats_key(config: Config, worker: str) -> str:
@@ -32,18 +33,14 @@ def _monitor_settings_key(config: Config) -> str:
     return f"{config.redis_prefix}monitor:settings"
 
 
-def publish_saes(client: redis.Redis, config: Config, worker: str, listings: list[dict[str, Any]]) -> None:
-    client.set(_saes_key(config, worker), json.dumps(listings), px=int(config.worker_lease_s * 1000))
+def publish_saes(client: redis.Redis, config: Config, listings: list[dict[str, Any]]) -> None:
+    client.set(_saes_key(config), json.dumps(listings), px=int(config.worker_lease_s * 1000))
 
 
 def read_saes(client: redis.Redis, config: Config) -> dict[str, dict[str, Any]]:
-    """Every live worker's SAEs by id (workers serving one model list the same ones)."""
-    listings: dict[str, dict[str, Any]] = {}
-    for key in client.scan_iter(match=_saes_key(config, "*"), count=100):
-        raw = client.get(key)
-        for listing in json.loads(raw) if raw else []:
-            listings.setdefault(listing["id"], listing)
-    return dict(sorted(listings.items()))
+    """The SAEs by id; none while no worker of the model is alive. One GET: it runs on every steered request."""
+    raw = client.get(_saes_key(config))
+    return {listing["id"]: listing for listing in json.loads(raw)} if raw else {}
 
 
 def write_profile(client: redis.Redis, config: Config, profile: SteeringSpec | None) -> None:

@@ -48,7 +48,7 @@ class SteeringSync:
     def sync(self) -> None:
         if time.monotonic() - self._listed_at >= self._config.worker_lease_s / LISTINGS_PER_LEASE:
             listings = [listing.to_dict() for listing in self._attachments.listings()]
-            publish_saes(self._client, self._config, self._worker, listings)
+            publish_saes(self._client, self._config, listings)
             self._listed_at = time.monotonic()
         settings = read_monitor_settings(self._client, self._config)
         if settings != self._settings:
