@@ -16,6 +16,7 @@ from tasks.config import Config
 from tasks.messages import SamplingParams
 from worker.continuous_engine import ContinuousEngine
 from worker.engine import EngineOutput, EngineRequest
+from worker.engine_stats import EngineStats
 from worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ class SteerbatchEngine:
         ]
         num_generated = sum(len(trace.token_ids) for trace in traces)
         return RunResult(self.key, self.label, workload, start, traces, num_generated)
+
+    @property
+    def stats(self) -> EngineStats:
+        return self._engine.stats
 
     def close(self) -> None:
         self._engine.stop()

@@ -317,6 +317,7 @@ class ContinuousEngine:
             self._stats.prefix_cache_hit_blocks = self._scheduler.block_manager.num_hit_blocks
             self._stats.num_proposed_tokens = self._speculator.num_proposed_tokens
             self._stats.num_accepted_tokens = self._speculator.num_accepted_tokens
+            self._stats.num_verifications = self._speculator.num_verifications
 
     def _abort_all(self) -> None:
         with self._cond:

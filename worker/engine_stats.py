@@ -17,6 +17,7 @@ class EngineStats:
     prefix_cache_hit_blocks: int = 0
     num_proposed_tokens: int = 0  # speculative decoding
     num_accepted_tokens: int = 0
+    num_verifications: int = 0  # steps in which a request verified proposed tokens
     max_batch_size_seen: int = 0  # requests in one forward pass
     batch_size_histogram: dict[int, int] = field(default_factory=dict)  # requests in a forward pass -> passes
 

@@ -76,6 +76,7 @@ class Speculator:
         self._acceptance: dict[str, _Acceptance] = {}
         self.num_proposed_tokens = 0
         self.num_accepted_tokens = 0
+        self.num_verifications = 0
 
     def propose(
         self, running: list[Request], is_eligible: Callable[[Request], bool], max_tokens_left: Callable[[Request], int]
@@ -101,6 +102,7 @@ class Speculator:
         acceptance.rate = ACCEPTANCE_DECAY * acceptance.rate + (1 - ACCEPTANCE_DECAY) * num_accepted / num_proposed
         self.num_proposed_tokens += num_proposed
         self.num_accepted_tokens += num_accepted
+        self.num_verifications += 1
 
     def forget(self, request_id: str) -> None:
         self._acceptance.pop(request_id, None)
