@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.completions import choice_logprobs_of, completion_body
-from tasks.messages import ChoiceResult, Endpoint, EventType, StreamEvent, Usage
+from tasks.messages import ChoiceResult, Endpoint, EventType, StreamEvent, Usage, UsageDetails
 from tasks.models import RequestRecord
 
 
@@ -39,7 +39,7 @@ def completion_object(record: RequestRecord) -> dict[str, Any]:
         created=record.created,
         text=result.text,
         finish_reason=result.finish_reason,
-        usage=Usage(record.prompt_tokens, result.completion_tokens),
+        usage=Usage(record.prompt_tokens, result.completion_tokens, UsageDetails.from_dict(result.usage_details)),
         logprobs=result.logprobs,
         extra_choices=[ChoiceResult.from_dict(choice) for choice in result.extra_choices or []],
         steering=result.steering,

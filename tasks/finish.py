@@ -8,7 +8,7 @@ import redis
 from sqlalchemy.orm import Session
 
 from tasks.config import Config
-from tasks.messages import ErrorInfo, EventType, FinishReason, StreamEvent, Usage
+from tasks.messages import ErrorInfo, EventType, FinishReason, StreamEvent, Usage, UsageDetails
 from tasks.models import RequestRecord
 from tasks.store import record_result
 from tasks.streams import append_event
@@ -28,6 +28,7 @@ def finish_request(
     extra_choices: list[dict[str, Any]] | None = None,
     steering: dict[str, Any] | None = None,
     monitor: dict[str, Any] | None = None,
+    usage_details: UsageDetails | None = None,
 ) -> bool:
     """True if this call ended the request; False, streaming nothing, if another writer already had.
 
@@ -44,10 +45,11 @@ def finish_request(
         extra_choices=extra_choices,
         steering=steering,
         monitor=monitor,
+        usage_details=usage_details.to_dict() if usage_details else None,
     )
     if recorded:
         prompt_tokens = session.get(RequestRecord, request_id).prompt_tokens  # type: ignore[union-attr]
-        usage = Usage(prompt_tokens, completion_tokens)
+        usage = Usage(prompt_tokens, completion_tokens, usage_details or UsageDetails())
         final = StreamEvent(
             EventType.FINAL, finish_reason=finish_reason, usage=usage, error=error, steering=steering, monitor=monitor
         )

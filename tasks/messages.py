@@ -134,24 +134,55 @@ class GenerateRequest:
 
 
 @dataclass(frozen=True)
+class UsageDetails:
+    """What OpenAI's usage details report: prompt tokens the prefix cache served, and proposed (predicted) tokens
+    speculative decoding accepted or rejected."""
+
+    cached_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> UsageDetails:
+        return cls(**{key: int(value) for key, value in (data or {}).items()})
+
+
+@dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    details: UsageDetails = field(default_factory=UsageDetails)
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.details.cached_tokens},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": self.details.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.details.rejected_prediction_tokens,
+            },
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Usage:
-        return cls(prompt_tokens=int(data["prompt_tokens"]), completion_tokens=int(data["completion_tokens"]))
+        details = UsageDetails(
+            cached_tokens=int((data.get("prompt_tokens_details") or {}).get("cached_tokens", 0)),
+            **{
+                key: int(value)
+                for key, value in (data.get("completion_tokens_details") or {}).items()
+                if key in ("accepted_prediction_tokens", "rejected_prediction_tokens")
+            },
+        )
+        return cls(int(data["prompt_tokens"]), int(data["completion_tokens"]), details)
 
 
 @dataclass(frozen=True)

@@ -56,5 +56,6 @@ class ResultRecord(Base):
     extra_choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # n > 1: ChoiceResults
     steering: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the steering that ran
     monitor: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the monitored positions
+    usage_details: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # UsageDetails
     finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     request: Mapped[RequestRecord] = relationship(back_populates="result")

@@ -49,6 +49,7 @@ def record_result(
     extra_choices: list[dict[str, Any]] | None = None,
     steering: dict[str, Any] | None = None,
     monitor: dict[str, Any] | None = None,
+    usage_details: dict[str, Any] | None = None,
 ) -> bool:
     """Store the one result of a request; True if this call stored it, False if another writer had."""
     if session.get(ResultRecord, request_id) is not None:
@@ -65,6 +66,7 @@ def record_result(
             extra_choices=extra_choices,
             steering=steering,
             monitor=monitor,
+            usage_details=usage_details,
             finished_at=datetime.now(timezone.utc),
         )
     )

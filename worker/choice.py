@@ -33,6 +33,9 @@ class Choice:
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
+    num_cached_tokens: int = 0
+    num_proposed_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def is_done(self) -> bool:
@@ -43,6 +46,8 @@ class Choice:
             self.error = output.error
             return ChoiceDelta("", [], [], None)
         self.num_tokens += len(output.new_token_ids)
+        self.num_cached_tokens = output.num_cached_tokens
+        self.num_proposed_tokens, self.num_accepted_tokens = output.num_proposed_tokens, output.num_accepted_tokens
         entries = logprob_entries(tokenizer, output.logprobs)
         self.logprobs.extend(entries)
         text = self.text_stream.push(output.new_token_ids)

@@ -44,6 +44,8 @@ class _Sequence:
     sae: RequestSAE | None = None
     is_steering_reported: bool = False
     monitored: list[MonitoredPosition] = field(default_factory=list)  # read since the request's last output
+    num_proposed_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     def with_reports(self, output: EngineOutput) -> EngineOutput:
         """`output` carrying the applied steering (the first time) and the positions monitored since the last one."""
@@ -207,7 +209,8 @@ class ContinuousEngine:
             stop_token_ids=frozenset(stop_ids),
             min_tokens=sampling.min_tokens,
             priority=request.priority,
-            steering_key=sae.applied.key if sae is not None and sae.applied is not None else "",
+            steering_key="" if sae is None else sae.steering_key,
+            may_reuse_cached_prefix=sae is None or not sae.reads_prompt,
         )
 
     def _generator_for(self, request: EngineRequest) -> torch.Generator | None:
@@ -255,6 +258,9 @@ class ContinuousEngine:
         picked = pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row)
         for verification in picked.verifications:
             self._speculator.record(verification.request_id, verification.num_proposed, verification.num_accepted)
+            sequence = self._sequences[verification.request_id]
+            sequence.num_proposed_tokens += verification.num_proposed
+            sequence.num_accepted_tokens += verification.num_accepted
         updates = self._scheduler.update_from_output(batch, picked.token_ids)
         self._record_step(batch)
         for update, logprob in zip(updates, picked.logprobs, strict=True):
@@ -288,6 +294,8 @@ class ContinuousEngine:
             finish_reason,
             logprobs=(logprob,) if logprob else (),
             num_cached_tokens=max(update.request.num_cached_tokens, 0),
+            num_proposed_tokens=self._sequences[request_id].num_proposed_tokens,
+            num_accepted_tokens=self._sequences[request_id].num_accepted_tokens,
         )
         if finish_reason is None:
             self._deliver(self._sequences[request_id], output)

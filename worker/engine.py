@@ -33,6 +33,8 @@ class EngineOutput:
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served (OpenAI's usage.prompt_tokens_details)
+    num_proposed_tokens: int = 0  # so far for this request, by speculative decoding
+    num_accepted_tokens: int = 0
     steering: SteeringSpec | None = None  # the steering as applied (strengths clamped), on a request's first output
     monitor: tuple[MonitoredPosition, ...] = ()  # positions the model read since the request's previous output
 

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from tasks.config import Config
 from tasks.db import SessionFactory
 from tasks.finish import finish_request
-from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent
+from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, UsageDetails
 from tasks.models import TERMINAL_STATUSES, RequestStatus
 from tasks.steering_messages import SteeringSpec
 from tasks.steering_store import read_profile
@@ -37,6 +37,7 @@ class Outcome:
     error: ErrorInfo | None = None
     steering: dict[str, Any] | None = None  # the steering that ran, and whether the request or the profile set it
     monitor: dict[str, Any] | None = None  # choice 0's monitored positions
+    usage_details: UsageDetails = field(default_factory=UsageDetails)
 
     @classmethod
     def ended(cls, finish_reason: FinishReason | None, error: ErrorInfo | None = None) -> Outcome:
@@ -193,6 +194,7 @@ class GenerationHandler:
                 extra_choices=[choice.to_dict() for choice in outcome.choices[1:]] or None,
                 steering=outcome.steering,
                 monitor=outcome.monitor,
+                usage_details=outcome.usage_details,
             )
         if not is_recorded:
             logger.warning("request %s already had a result; this run's is dropped", request.request_id)
@@ -208,4 +210,11 @@ class GenerationHandler:
 
 
 def _outcome(choices: list[Choice], error: ErrorInfo | None = None) -> Outcome:
-    return Outcome([choice.result() for choice in choices], sum(choice.num_tokens for choice in choices), error)
+    num_accepted = sum(choice.num_accepted_tokens for choice in choices)
+    details = UsageDetails(
+        cached_tokens=choices[0].num_cached_tokens,  # the prompt counts once in usage, so its cached part does too
+        accepted_prediction_tokens=num_accepted,
+        rejected_prediction_tokens=sum(choice.num_proposed_tokens for choice in choices) - num_accepted,
+    )
+    num_tokens = sum(choice.num_tokens for choice in choices)
+    return Outcome([choice.result() for choice in choices], num_tokens, error, usage_details=details)
