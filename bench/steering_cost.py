@@ -4,7 +4,8 @@
         [--sae-id tiny/resid_post_2] [--feature 0] [--strength 8] [--threads N] [--out table.md]
 
 Every run submits the same requests at t=0 (greedy, EOS ignored, so each generates exactly its own number of
-tokens) to one ContinuousEngine; only which rows carry a steering spec changes. Mixes are interleaved round by
+tokens) to one ContinuousEngine, with prefix caching and speculation off; only which rows carry a steering spec
+changes. Mixes are interleaved round by
 round so that a neighbour's load on a shared CPU hits them alike; the table reports each mix's median. The target
 is at least 0.9x of unsteered throughput with every row steered.
 """
@@ -114,7 +115,17 @@ def format_table(runs: list[Run], num_requests: int) -> str:
 def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
     torch.set_num_threads(args.threads)
     num_seqs = max(Config.max_num_seqs, args.num_requests)
-    config = Config(model=args.model, device="cpu", dtype="float32", sae_root=args.sae_root, max_num_seqs=num_seqs)
+    # The prefix cache (repeated prompts) and speculation (unsteered greedy rows only) would be measured as if they
+    # were steering's cost; both are off, so the runs differ only in the steering hooks.
+    config = Config(
+        model=args.model,
+        device="cpu",
+        dtype="float32",
+        sae_root=args.sae_root,
+        max_num_seqs=num_seqs,
+        enable_prefix_caching=False,
+        speculative_method="none",
+    )
     runner = ModelRunner(config)
     spec = WorkloadSpec(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), args.seed)
     vocab_size = runner.model.config.vocab_size
