@@ -32,4 +32,6 @@ def sampling_params(info: ModelInfo, fields: GenerationFields, num_prompt_tokens
         frequency_penalty=fields.frequency_penalty,
         min_tokens=fields.min_tokens,
         logprobs=fields.num_logprobs,
+        speculative_method=fields.speculative.method if fields.speculative else None,
+        num_speculative_tokens=fields.speculative.num_tokens if fields.speculative else None,
     )

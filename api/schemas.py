@@ -12,6 +12,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16
+MAX_SPECULATIVE_TOKENS = 16
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
@@ -41,6 +42,20 @@ class ChatMessage(StrictModel):
         return self.content or ""
 
 
+class SpeculativeBody(StrictModel):
+    """Per-request speculative decoding; greedy requests without penalties, logprobs or steering only."""
+
+    method: Literal["ngram", "none", "draft", "self"]
+    num_tokens: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
+
+    @field_validator("method")
+    @classmethod
+    def _available(cls, method: str) -> str:
+        if method in ("draft", "self"):
+            raise ValueError(f"the {method!r} proposer is not available on this server yet; use 'ngram' or 'none'")
+        return method
+
+
 class GenerationFields(StrictModel):
     """Fields shared by chat and completions, OpenAI's and vLLM's extra sampling parameters."""
 
@@ -65,6 +80,7 @@ class GenerationFields(StrictModel):
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     # steerbatch's own: SAE steering (features: [] is explicitly unsteered) and per-request monitoring
     steering: SteeringBody | None = None
+    speculative: SpeculativeBody | None = None
     monitor: MonitorBody | None = None
 
     @field_validator("stop")

@@ -80,8 +80,6 @@ def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
 
 def speculation_config(config: Config) -> SpeculationConfig:
     return SpeculationConfig(
-        method=config.speculative_method,
-        num_tokens=config.num_speculative_tokens,
         max_batch_size=config.spec_max_batch_size,
         min_acceptance=config.spec_min_acceptance,
     )
@@ -237,7 +235,7 @@ class ContinuousEngine:
         return None
 
     def _step_or_fail(self) -> None:
-        self._speculator.propose(self._scheduler.running, self._can_speculate, self._num_tokens_left)
+        self._speculator.propose(self._scheduler.running, self._max_proposal)
         batch = self._scheduler.schedule()
         try:
             self._step(batch)
@@ -274,8 +272,14 @@ class ContinuousEngine:
         is_plain = sampling.is_greedy and not sampling.has_penalties and sampling.logprobs is None
         return is_plain and sequence.sae is None and request.num_output_tokens >= sampling.min_tokens
 
-    def _num_tokens_left(self, request: Request) -> int:
-        return self._sequences[request.request_id].request.sampling.max_tokens - request.num_output_tokens
+    def _max_proposal(self, request: Request) -> int:
+        """The request's own speculative settings, else the worker's; 0 for rows that must not speculate."""
+        sampling = self._sequences[request.request_id].request.sampling
+        method = sampling.speculative_method or self._config.speculative_method
+        if method != "ngram" or not self._can_speculate(request):
+            return 0
+        num_tokens = sampling.num_speculative_tokens or self._config.num_speculative_tokens
+        return min(num_tokens, sampling.max_tokens - request.num_output_tokens - 1)
 
     def _sampling_row(self, request: Request) -> SamplingRow:
         sequence = self._sequences[request.request_id]

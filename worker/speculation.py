@@ -61,8 +61,6 @@ class _Acceptance:
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    method: str  # "ngram" or "none"
-    num_tokens: int  # most tokens proposed per step
     max_batch_size: int  # no proposals in steps with more running requests
     min_acceptance: float  # below this running rate a request proposes one token at a time
 
@@ -78,24 +76,18 @@ class Speculator:
         self.num_accepted_tokens = 0
         self.num_verifications = 0
 
-    def propose(
-        self, running: list[Request], is_eligible: Callable[[Request], bool], max_tokens_left: Callable[[Request], int]
-    ) -> None:
-        """Sets every running request's `spec_token_ids` for the coming step (most get none)."""
-        allowed = self.config.method == "ngram" and len(running) <= self.config.max_batch_size
+    def propose(self, running: list[Request], max_proposal: Callable[[Request], int]) -> None:
+        """Sets every running request's `spec_token_ids` for the coming step (most get none). `max_proposal` says
+        how many tokens a request may propose at most: 0 when it must not speculate."""
+        is_allowed = len(running) <= self.config.max_batch_size
         for request in running:
             is_decoding = request.num_computed_tokens == request.num_tokens - 1
-            if not (allowed and is_decoding and is_eligible(request)):
+            limit = min(max_proposal(request), self._max_model_len - request.num_tokens - 1)
+            if not (is_allowed and is_decoding and limit > 0):
                 request.spec_token_ids = []
                 continue
-            room = min(max_tokens_left(request), self._max_model_len - request.num_tokens) - 1
-            request.spec_token_ids = (
-                propose_ngram(
-                    request.prompt_token_ids + request.output_token_ids, min(self._num_tokens_for(request), room)
-                )
-                if room > 0
-                else []
-            )
+            num_tokens = min(self._num_tokens_for(request, limit), limit)
+            request.spec_token_ids = propose_ngram(request.prompt_token_ids + request.output_token_ids, num_tokens)
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         acceptance = self._acceptance.setdefault(request_id, _Acceptance())
@@ -107,8 +99,8 @@ class Speculator:
     def forget(self, request_id: str) -> None:
         self._acceptance.pop(request_id, None)
 
-    def _num_tokens_for(self, request: Request) -> int:
+    def _num_tokens_for(self, request: Request, limit: int) -> int:
         rate = self._acceptance.get(request.request_id, _Acceptance()).rate
         if rate < self.config.min_acceptance:
             return 1
-        return max(1, round(self.config.num_tokens * rate))
+        return max(1, round(limit * rate))

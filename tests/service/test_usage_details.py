@@ -35,3 +35,14 @@ def test_speculation_counts_are_reported(stack: Stack) -> None:
     details = reply.usage.completion_tokens_details
     assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
     assert details.accepted_prediction_tokens <= reply.usage.completion_tokens
+
+
+def test_a_request_can_turn_speculation_off(stack: Stack) -> None:
+    client = client_for(stack)
+    base = {"model": stack.config.model_name, "prompt": "one two three four one two three four one two",
+            "max_tokens": 24, "temperature": 0}  # fmt: skip
+    default = client.completions.create(**base, extra_body={"ignore_eos": True})
+    off = client.completions.create(**base, extra_body={"ignore_eos": True, "speculative": {"method": "none"}})
+    assert off.choices[0].text == default.choices[0].text
+    off_details = off.usage.completion_tokens_details
+    assert off_details.accepted_prediction_tokens == off_details.rejected_prediction_tokens == 0

@@ -17,7 +17,7 @@ from worker.engine import EngineRequest
 from worker.model_runner import ModelRunner
 from worker.speculation import SpeculationConfig, Speculator, propose_ngram, verify_greedy
 
-SPEC = SpeculationConfig(method="ngram", num_tokens=4, max_batch_size=2, min_acceptance=0.3)
+SPEC = SpeculationConfig(max_batch_size=2, min_acceptance=0.3)
 
 
 @pytest.mark.parametrize(
@@ -53,23 +53,23 @@ def running_request(request_id: str, tokens: list[int]) -> Request:
 def test_the_proposal_length_follows_acceptance_and_stops_at_large_batches() -> None:
     speculator = Speculator(SPEC, max_model_len=1000)
     good, bad = running_request("good", [1, 2, 3, 4, 5, 1, 2]), running_request("bad", [1, 2, 3, 4, 5, 1, 2])
-    speculator.propose([good, bad], lambda _: True, lambda _: 50)
+    speculator.propose([good, bad], lambda _: 4)
     assert good.spec_token_ids == bad.spec_token_ids == [3, 4, 5, 1]
     for _ in range(5):
         speculator.record("good", 4, 4)
         speculator.record("bad", 4, 0)
-    speculator.propose([good, bad], lambda _: True, lambda _: 50)
+    speculator.propose([good, bad], lambda _: 4)
     assert len(good.spec_token_ids) == 4 and len(bad.spec_token_ids) == 1
     third = running_request("third", [1, 2, 1])
-    speculator.propose([good, bad, third], lambda _: True, lambda _: 50)
+    speculator.propose([good, bad, third], lambda _: 4)
     assert good.spec_token_ids == bad.spec_token_ids == third.spec_token_ids == []
 
 
-def test_proposals_never_run_past_max_tokens_or_ineligible_rows() -> None:
-    speculator = Speculator(SPEC, max_model_len=1000)
+def test_proposals_stay_within_the_engines_limit_and_the_context() -> None:
+    speculator = Speculator(SPEC, max_model_len=7)
     near_end, ineligible = running_request("near-end", [1, 2, 3, 1, 2]), running_request("steered", [1, 2, 1])
-    speculator.propose([near_end, ineligible], lambda r: r.request_id != "steered", lambda _: 3)
-    assert near_end.spec_token_ids == [3, 1]  # two proposed + the model's own token = the 3 left
+    speculator.propose([near_end, ineligible], lambda r: 0 if r.request_id == "steered" else 4)
+    assert near_end.spec_token_ids == [3]  # 5 tokens + 1 proposed + the model's own = the context of 7
     assert ineligible.spec_token_ids == []
 
 
@@ -104,4 +104,19 @@ def test_greedy_output_is_identical_with_and_without_speculation(
         assert stats.num_accepted_tokens > 0 and stats.num_proposed_tokens >= stats.num_accepted_tokens
     else:
         assert stats.num_proposed_tokens == 0
+    next(serving, None)
+
+
+def test_a_request_overrides_the_workers_speculative_default(
+    endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    serving = serve(endless_runner, dataclasses.replace(tiny_config, speculative_method="none"), caplog)
+    engine = next(serving)
+    prompt = grounded_prompt(9)
+    plain = run(engine, "default", prompt, greedy(20)).token_ids
+    assert engine.stats.num_proposed_tokens == 0
+    asking = dataclasses.replace(greedy(20), speculative_method="ngram", num_speculative_tokens=2)
+    assert run(engine, "asking", prompt, asking).token_ids == plain
+    assert engine.stats.num_proposed_tokens > 0
+    assert engine.stats.num_proposed_tokens <= 2 * engine.stats.num_verifications
     next(serving, None)
