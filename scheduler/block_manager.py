@@ -74,7 +74,7 @@ class BlockManager:
     def reuse_cached_prefix(self, request: Request) -> int:
         """Gives a request with nothing computed every leading full block already cached; returns the tokens
         they hold. At least one token is left to compute, so the step that follows yields the next token."""
-        if not self.enable_prefix_caching or request.block_table:
+        if not self.enable_prefix_caching or request.block_table or not request.may_reuse_cached_prefix:
             return 0
         hits: list[tuple[int, bytes]] = []
         parent: bytes | None = None

@@ -35,6 +35,7 @@ class Request:
     min_tokens: int = 0  # stop tokens do not end the request before this many outputs
     priority: int = 0  # lower runs first
     steering_key: str = ""  # digest of the applied steering ("" unsteered): prefix-cache block hashes must include it
+    may_reuse_cached_prefix: bool = True  # False when a monitor must read the prompt's positions: they must be computed
     arrival_index: int = 0  # FIFO order among equal priorities; the scheduler sets it
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the blocks

@@ -54,6 +54,16 @@ class RequestSAE:
     deltas: Mapping[HookPoint, torch.Tensor]  # [hidden] in the model's dtype, on its device
     monitor: RequestMonitor | None
 
+    @property
+    def steering_key(self) -> str:
+        return "" if self.applied is None else self.applied.key
+
+    @property
+    def reads_prompt(self) -> bool:
+        """A monitor of prompt positions needs them computed, not served by the prefix cache."""
+        positions = None if self.monitor is None else self.monitor.spec.positions
+        return positions in (MonitorPositions.PROMPT, MonitorPositions.ALL)
+
 
 def resolve_request_sae(request: EngineRequest, attachments: SAEAttachments, config: Config) -> RequestSAE | None:
     """None for a request with neither steering nor monitor; raises ValueError (or SAELookupError) for bad input."""

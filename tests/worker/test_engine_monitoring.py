@@ -160,3 +160,15 @@ def test_a_recomputed_request_reports_each_position_once(sae: SAE) -> None:
     assert monitor.take_positions(ScheduledChunk.of(request, 4)) == list(range(6, 10))
     request.num_computed_tokens, request.output_token_ids = 0, [99]  # preempted after one token: recompute all
     assert monitor.take_positions(ScheduledChunk.of(request, 11)) == [10]
+
+
+def test_a_monitor_of_the_prompt_computes_a_prompt_the_prefix_cache_holds(endless_engine: ContinuousEngine) -> None:
+    prompt = list(range(200, 264))  # four full KV blocks, cached by the first run
+    run(endless_engine, "caches", prompt, greedy(2))
+    hits = endless_engine.stats.prefix_cache_hit_blocks
+    spec = MonitorSpec(TINY_SAE_ID, top_k=1, positions=MonitorPositions.PROMPT)
+    watched = run(endless_engine, "watched", prompt, greedy(2), monitor=spec)
+    assert [p.position for p in monitored(watched)] == list(range(len(prompt)))
+    assert endless_engine.stats.prefix_cache_hit_blocks == hits
+    run(endless_engine, "reuses", prompt, greedy(2), monitor=dataclasses.replace(spec, positions=MonitorPositions.LAST))
+    assert endless_engine.stats.prefix_cache_hit_blocks > hits  # a monitor of the last position does not need it
