@@ -1,6 +1,6 @@
 """Steering cost (issue 5): throughput of our engine with 0 %, 50 % and 100 % of the rows steered, in one process.
 
-    .venv/bin/python -m bench.steering_cost --model models/tiny [--num-requests 32] [--repeats 3]
+    .venv/bin/python -m bench.steering_cost --model models/tiny [--num-requests 32] [--repeats 5]
         [--sae-id tiny/resid_post_2] [--feature 0] [--strength 8] [--threads N] [--out table.md]
 
 Every run submits the same requests at t=0 (greedy, EOS ignored, so each generates exactly its own number of
@@ -55,10 +55,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strength", type=float, default=8.0)
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(32, 128), metavar=("MIN", "MAX"))
-    parser.add_argument("--output-len", type=int, nargs=2, default=(64, 64), metavar=("MIN", "MAX"))
-    parser.add_argument("--repeats", type=int, default=3, help="runs per mix; the table shows the median")
+    parser.add_argument("--output-len", type=int, nargs=2, default=(128, 128), metavar=("MIN", "MAX"))
+    parser.add_argument("--repeats", type=int, default=5, help="runs per mix; the table shows the median")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="torch intra-op threads; on a CPU other processes share, 1 gives steadier numbers",
+    )
     parser.add_argument("--out", type=Path, help="also write the markdown here")
     args = parser.parse_args(argv)
     args.dtype = "float32"  # what machine_description reports
