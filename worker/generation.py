@@ -150,10 +150,10 @@ class GenerationHandler:
                 output = outputs.get(timeout=CANCEL_POLL_S)
             except queue.Empty:
                 continue
-            report.add(output)
             choice = by_engine_id[output.request_id]
             if choice.is_done:
                 continue  # the abort that follows a stop string
+            report.add(output)
             delta = choice.apply(output, self.tokenizer)
             if choice.error is not None:
                 return _outcome(choices, ErrorInfo(choice.error, "server_error"))
