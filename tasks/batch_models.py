@@ -116,6 +116,7 @@ class BatchLine(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # chat's content entries
 
     @property
     def is_open(self) -> bool:

@@ -27,6 +27,7 @@ class LineOutcome:
     finish_reason: str | None = None
     completion_tokens: int = 0
     error: dict[str, Any] | None = None
+    logprobs: list[dict[str, Any]] | None = None  # when the line asked for them
 
 
 def new_id(prefix: str) -> str:
@@ -147,6 +148,7 @@ def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome])
                 finish_reason=outcome.finish_reason,
                 completion_tokens=outcome.completion_tokens,
                 error=outcome.error,
+                logprobs=outcome.logprobs,
                 finished_at=time.time(),
             )
         )

@@ -49,7 +49,8 @@ class _LineRun:
         if choice.finish_reason == FinishReason.ABORT:
             return LineOutcome(stopped_as or LineStatus.CANCELLED, text, None, num_tokens)
         if choice.finish_reason is not None:
-            return LineOutcome(LineStatus.COMPLETED, text, choice.finish_reason.value, num_tokens)
+            logprobs = choice.result().logprobs
+            return LineOutcome(LineStatus.COMPLETED, text, choice.finish_reason.value, num_tokens, logprobs=logprobs)
         return None
 
 
@@ -101,7 +102,8 @@ class ChunkRunner:
     def _line_run(self, line: BatchLine) -> _LineRun:
         request = GenerateRequest.from_dict(line.request or {})
         text_stream = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop)
-        return _LineRun(line, request, Choice(0, request.request_id, text_stream, wants_logprobs=False))
+        wants_logprobs = request.sampling.logprobs is not None
+        return _LineRun(line, request, Choice(0, request.request_id, text_stream, wants_logprobs=wants_logprobs))
 
     def _submit_all(self, chunk: _Chunk) -> None:
         profile = read_profile(self.redis, self.config)

@@ -81,3 +81,14 @@ def test_batch_lines_refuse_streaming(stack: Stack) -> None:
     batch = wait_for_end(stack, submit(stack, [chat_line(stack, "s", stream=True)]))
     assert batch.status == "failed"
     assert json.loads(json.dumps(batch.errors.data[0].model_dump()))["param"] == "stream"  # type: ignore[union-attr]
+
+
+def test_logprobs_in_a_batch_line_match_the_chat_endpoints_shape(stack: Stack) -> None:
+    line = chat_line(stack, "lp", max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=2)
+    batch = wait_for_end(stack, submit(stack, [line]))
+    [output] = read_jsonl(stack, batch.output_file_id)
+    content = output["response"]["body"]["choices"][0]["logprobs"]["content"]
+    body = {name: value for name, value in line["body"].items() if name != "ignore_eos"}
+    direct = client_for(stack).chat.completions.create(**body, extra_body={"ignore_eos": True})
+    assert [entry["token"] for entry in content] == [entry.token for entry in direct.choices[0].logprobs.content]  # type: ignore[union-attr]
+    assert all(len(entry["top_logprobs"]) == 2 and entry["logprob"] <= 0 for entry in content)
