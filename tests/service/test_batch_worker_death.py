@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from scripts.stack import Stack
 from tasks.batch_models import OPEN_LINE_VALUES, BatchLine, LineStatus
 from tasks.db import make_db_engine, make_session_factory
 from tests.conftest import make_test_config
+from tests.postgres import own_database
 from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end, wait_until
 from tests.service.sse import data_frames, read_frames
 
@@ -26,10 +28,17 @@ NUM_LINES = 24
 def mortal_stack(
     request: pytest.FixtureRequest, tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    if request.param == "postgresql":
-        database_url = request.getfixturevalue("postgres_url")
-    else:
-        database_url = f"sqlite:///{tmp_path_factory.mktemp('batch-death') / 'db.sqlite'}"
+    with ExitStack() as cleanup:
+        if request.param == "postgresql":
+            database_url = cleanup.enter_context(own_database(request.getfixturevalue("postgres_url")))
+        else:
+            database_url = f"sqlite:///{tmp_path_factory.mktemp('batch-death') / 'db.sqlite'}"
+        yield from _mortal_stack(database_url, tiny_model_dir, redis_url, tmp_path_factory, request.param)
+
+
+def _mortal_stack(
+    database_url: str, tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[Stack]:
     config = make_test_config(
         tiny_model_dir,
         redis_url,
@@ -41,7 +50,7 @@ def mortal_stack(
         batch_chunk_size=4,
         batch_chunks_in_flight=2,
     )
-    stack = Stack(config, log_dir=tmp_path_factory.mktemp(f"batch-death-logs-{request.param}"))
+    stack = Stack(config, log_dir=tmp_path_factory.mktemp(f"batch-death-logs-{name}"))
     stack.start()
     yield stack
     stack.stop()

@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -39,23 +40,22 @@ from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.messages import Endpoint, GenerateRequest, SamplingParams
 from tasks.models import Base
 from tasks.streams import RedisKeys
+from tests.postgres import own_database
 
 CONFIG = Config(batch_chunk_size=3, batch_chunks_in_flight=2, batch_max_attempts=2, batch_dispatch_timeout_s=60)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "postgresql":
-        database_url = request.getfixturevalue("postgres_url")
-    else:
-        database_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    upgrade_to_head(database_url)
-    engine = make_db_engine(database_url)
-    yield engine
-    with engine.begin() as connection:
-        for table in ("batch_lines", "batches", "files"):
-            connection.exec_driver_sql(f"DELETE FROM {table}")
-    engine.dispose()
+    with ExitStack() as cleanup:
+        if request.param == "postgresql":
+            database_url = cleanup.enter_context(own_database(request.getfixturevalue("postgres_url")))
+        else:
+            database_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+        upgrade_to_head(database_url)
+        engine = make_db_engine(database_url)
+        yield engine
+        engine.dispose()
 
 
 @pytest.fixture
