@@ -1,5 +1,5 @@
 """Where an engine step's time goes: the same 32 requests as bench.engine_throughput's all-at-t=0 workload,
-stepped on this thread, timed per phase (schedule, step tensors, forward, sample, update), then one torch.profiler
+stepped on this thread, timed per phase (schedule, forward, sample + update + emit), then one torch.profiler
 table of the operators of a stretch of decode steps.
 
     .venv/bin/python -m bench.engine_profile --model models/tiny [--threads 1] [--steps 20]
@@ -22,8 +22,6 @@ from tasks.messages import SamplingParams
 from worker.continuous_engine import ContinuousEngine
 from worker.engine import EngineRequest
 from worker.model_runner import ModelRunner
-from worker.paged_step import build_paged_step
-from worker.sampler import sample
 
 logger = logging.getLogger(__name__)
 
@@ -48,29 +46,33 @@ def loaded_engine(runner: ModelRunner, config: Config) -> ContinuousEngine:
 
 
 def time_phases(engine: ContinuousEngine, runner: ModelRunner) -> tuple[int, dict[str, float]]:
-    """Runs the workload to the end; seconds per phase over all steps."""
+    """Runs the workload to the end through the engine's own step; seconds per phase over all steps."""
     seconds: dict[str, float] = defaultdict(float)
-    scheduler, num_steps = engine._scheduler, 0
-    while scheduler.has_work:
+    run_forward = runner.run
+
+    def timed_forward(*args: object, **kwargs: object) -> object:
         started = time.perf_counter()
-        batch = scheduler.schedule()
-        marks = [("schedule", time.perf_counter())]
-        step = build_paged_step(batch, runner.kv_pool.block_size, runner.device, for_flash=runner.is_flash)
-        marks.append(("step tensors", time.perf_counter()))
-        logits = runner.model(
-            input_ids=step.input_ids, position_ids=step.position_ids, use_cache=False,
-            logits_to_keep=step.logits_indices, paged_step=step, kv_pool=runner.kv_pool,
-        ).logits[0].float()  # fmt: skip
-        marks.append(("forward", time.perf_counter()))
-        rows = [engine._sampling_row(chunk.request) for chunk in batch.sampling_chunks]
-        sampled = sample(logits, rows)
-        marks.append(("sample", time.perf_counter()))
-        scheduler.update_from_output(batch, sampled.token_ids)
-        marks.append(("update", time.perf_counter()))
-        for name, mark in marks:
-            seconds[name] += mark - started
-            started = mark
-        num_steps += 1
+        try:
+            return run_forward(*args, **kwargs)
+        finally:
+            seconds["forward (step tensors + model)"] += time.perf_counter() - started
+
+    runner.run = timed_forward  # type: ignore[method-assign]
+    num_steps = 0
+    try:
+        while engine._scheduler.has_work:
+            started = time.perf_counter()
+            engine._speculator.propose(engine._scheduler.running, engine._max_proposal)
+            batch = engine._scheduler.schedule()
+            scheduled = time.perf_counter()
+            engine._step(batch)
+            seconds["schedule"] += scheduled - started
+            seconds["step"] += time.perf_counter() - scheduled
+            num_steps += 1
+    finally:
+        del runner.run
+    seconds["step"] -= seconds["forward (step tensors + model)"]
+    seconds["sample, update, emit"] = seconds.pop("step")
     return num_steps, seconds
 
 
