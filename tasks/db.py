@@ -44,12 +44,13 @@ def make_session_factory(engine: Engine) -> SessionFactory:
 
 def upgrade_to_head(database_url: str) -> None:
     """Apply every Alembic migration; safe to run on every start."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # before the import, which logs its plugins at INFO
     from alembic import command
     from alembic.config import Config as AlembicConfig
 
     make_db_engine(database_url).dispose()  # creates the SQLite file's folder
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     alembic_config = AlembicConfig(str(REPO_ROOT / "alembic.ini"))
+    alembic_config.attributes["skip_logging"] = True  # env.py's fileConfig would reset this process's root logger
     alembic_config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
     alembic_config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     command.upgrade(alembic_config, "head")
