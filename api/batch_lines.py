@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
 from api.errors import APIError, validation_error_info
-from api.generation import ID_PREFIX, check_model_name
+from api.generation import build_generate_request, check_model_name
 from api.prompts import ModelInfo, chat_prompt_ids, completion_prompt_ids
-from api.sampling import sampling_params
 from api.schemas import ChatCompletionRequest, CompletionRequest, StrictModel
-from api.steering import steering_and_monitor
 from tasks.messages import Endpoint, ErrorInfo, GenerateRequest
 
 URL_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS}
@@ -105,17 +101,7 @@ def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any]) 
         prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages)
     else:
         prompt_ids = completion_prompt_ids(info.tokenizer, fields.prompt)
-    sampling = sampling_params(info, fields, len(prompt_ids))
-    steering, _ = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
-    return GenerateRequest(
-        request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
-        endpoint=endpoint,
-        model=info.name,
-        prompt_token_ids=prompt_ids,
-        sampling=sampling,
-        created=int(time.time()),
-        steering=steering,
-    )
+    return build_generate_request(info, endpoint, fields, prompt_ids)
 
 
 def _with_line(info: ErrorInfo, line_no: int) -> dict[str, Any]:

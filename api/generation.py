@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from flask import Response, jsonify, request
 
 from api.errors import APIError
+from api.prompts import ModelInfo
 from api.responses import StreamMeta, completion_object
 from api.sampling import sampling_params
 from api.schemas import GenerationFields
@@ -39,11 +40,13 @@ def check_model_name(name: str) -> None:
         )
 
 
-def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict) -> Response:
-    info = services().model_info
+def build_generate_request(
+    info: ModelInfo, endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int]
+) -> GenerateRequest:
+    """The worker's request for validated fields: sampling, steering and monitor checked against the model."""
     sampling = sampling_params(info, fields, len(prompt_ids))
     steering, monitor = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
-    generate_request = GenerateRequest(
+    return GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
         endpoint=endpoint,
         model=info.name,
@@ -54,6 +57,10 @@ def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int]
         steering=steering,
         monitor=monitor,
     )
+
+
+def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict) -> Response:
+    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids)
     record = _record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
 
