@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(Config())
     torch.set_num_threads(args.threads)
-    config = Config(model=args.model, device="cpu", dtype="float32", max_num_seqs=32)
+    config = Config(model=args.model, device="cpu", dtype="float32", max_num_seqs=32, cpu_threads=args.threads)
     runner = ModelRunner(config)
     with torch.inference_mode():
         time_phases(loaded_engine(runner, config), runner)  # warm-up

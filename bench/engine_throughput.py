@@ -121,7 +121,9 @@ def engine_factories(
 ) -> dict[str, Callable[[], BenchEngine]]:
     """Each engine opened only when its turn comes; ours loads its own copy of the model through ModelRunner, so
     nothing the HF baselines do to their model (HF continuous batching switches its attention) reaches it."""
-    config = Config(model=args.model, max_num_seqs=args.max_num_seqs, device="cpu", dtype=args.dtype)
+    config = Config(
+        model=args.model, max_num_seqs=args.max_num_seqs, device="cpu", dtype=args.dtype, cpu_threads=args.threads
+    )
     pad = pad_token_id(model)
     return {
         "naive": lambda: NaiveGenerate(model, pad),

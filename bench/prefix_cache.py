@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(Config())
     torch.set_num_threads(args.threads)
-    config = Config(model=args.model, device="cpu", dtype=args.dtype, max_num_seqs=32)
+    config = Config(model=args.model, device="cpu", dtype=args.dtype, max_num_seqs=32, cpu_threads=args.threads)
     runner = ModelRunner(config)
     requests = workloads(args, runner.model.config.vocab_size)
     configs = {"cache on": config, "cache off": dataclasses.replace(config, enable_prefix_caching=False)}

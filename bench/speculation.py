@@ -101,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(Config())
     torch.set_num_threads(args.threads)
-    base = Config(model=args.model, device="cpu", dtype=args.dtype, num_speculative_tokens=args.num_tokens)
+    base = Config(
+        model=args.model,
+        device="cpu",
+        dtype=args.dtype,
+        num_speculative_tokens=args.num_tokens,
+        cpu_threads=args.threads,
+    )
     runner = ModelRunner(base)
     methods = {"none": dataclasses.replace(base, speculative_method="none"), "ngram": base}
     cells: dict[tuple[str, int, str], Cell] = {}

@@ -130,6 +130,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
         max_num_seqs=num_seqs,
         enable_prefix_caching=False,
         speculative_method="none",
+        cpu_threads=args.threads,
     )
     runner = ModelRunner(config)
     spec = WorkloadSpec(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), args.seed)

@@ -66,6 +66,8 @@ class ModelRunner:
     def __init__(self, config: Config) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu" and config.cpu_threads > 0:
+            torch.set_num_threads(config.cpu_threads)
         register_paged_attention()
         self.attention_backend = FLASH_BACKEND if is_flash_available(self.device) else SDPA_BACKEND
         started = time.perf_counter()
