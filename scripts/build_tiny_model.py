@@ -12,30 +12,23 @@ makes a repeated run a no-op; torch and transformers are imported only when a bu
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
-import fcntl
 import hashlib
 import importlib.metadata
 import json
 import logging
-import shutil
-import signal
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 try:
-    from scripts import tiny_corpus
+    from scripts import stamped_build, tiny_corpus
 except ImportError:  # run as a file (python scripts/build_tiny_model.py): scripts/ itself is on sys.path
+    import stamped_build
     import tiny_corpus
 
 log = logging.getLogger("build_tiny_model")
 
-STAMP_NAME = "build_stamp.json"
-REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", STAMP_NAME)
+REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
 BOS, EOT_TEXT, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 PAD, HEADER_START, HEADER_END = "<|pad|>", "<|start_header_id|>", "<|end_header_id|>"
 SPECIAL_TOKENS = [BOS, EOT_TEXT, HEADER_START, HEADER_END, EOT, PAD]
@@ -84,16 +77,6 @@ def compute_build_hash(args: argparse.Namespace) -> str:
     settings |= {name: importlib.metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()
-
-
-def is_up_to_date(out: Path, build_hash: str) -> bool:
-    if not all((out / name).is_file() for name in REQUIRED_FILES):
-        return False
-    try:
-        stamp = json.loads((out / STAMP_NAME).read_text())
-    except (OSError, ValueError):
-        return False
-    return stamp.get("build_hash") == build_hash
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
@@ -263,72 +246,18 @@ def build_into(folder: Path, args: argparse.Namespace) -> dict[str, float]:
     return stats
 
 
-def write_stamp(folder: Path, args: argparse.Namespace, build_hash: str, stats: dict[str, float]) -> None:
-    stamp = {
-        "build_hash": build_hash,
-        "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "args": {"train_steps": args.train_steps, "vocab_size": args.vocab_size, "seed": args.seed},
-        "train": stats,
-    }
-    (folder / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n")
-
-
-def replace_folder(built: Path, out: Path) -> None:
-    """Swap the finished build into place; the old folder is removed only after the rename."""
-    # mkdtemp and the safetensors writer create owner-only modes; workers may run as another user.
-    built.chmod(0o755)
-    for path in built.iterdir():
-        path.chmod(0o644)
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-        out.rename(old / out.name)
-    built.rename(out)
-    if old is not None:
-        shutil.rmtree(old)
-
-
-@contextlib.contextmanager
-def build_lock(out: Path) -> Iterator[None]:
-    """Serialises builds of one folder: a second builder waits, then finds the first one's result."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        yield
-
-
-def exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def build(args: argparse.Namespace, build_hash: str) -> None:
-    # A plain SIGTERM would skip the cleanup below and leave the temp folder behind.
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
-    started = time.monotonic()
-    folder = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=f".{args.out.name}.building-"))
-    try:
-        write_stamp(folder, args, build_hash, build_into(folder, args))
-        replace_folder(folder, args.out)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    log.info("built %s in %.1fs", args.out, time.monotonic() - started)
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     if args.train_steps < 0:
         raise SystemExit("--train-steps must be >= 0")
-    build_hash = compute_build_hash(args)
-    if not args.force and is_up_to_date(args.out, build_hash):
-        log.info("%s is up to date", args.out)
-        return 0
-    with build_lock(args.out):
-        if not args.force and is_up_to_date(args.out, build_hash):
-            log.info("%s is up to date (another process just built it)", args.out)
-            return 0
-        build(args, build_hash)
+
+    def fill(folder: Path) -> dict[str, Any]:
+        stats = build_into(folder, args)
+        return {"args": {"train_steps": args.train_steps, "vocab_size": args.vocab_size, "seed": args.seed},
+                "train": stats}  # fmt: skip
+
+    stamped_build.build_once(args.out, compute_build_hash(args), REQUIRED_FILES, fill, log, force=args.force)
     return 0
 
 

@@ -13,30 +13,26 @@ sources, the model's own stamp and the arguments) makes a repeated run a no-op.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import importlib.metadata
 import json
 import logging
-import shutil
-import signal
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 try:
-    from scripts import build_tiny_model, tiny_corpus
+    from scripts import build_tiny_model, stamped_build, tiny_corpus
 except ImportError:  # run as a file: scripts/ itself is on sys.path
     import build_tiny_model
+    import stamped_build
     import tiny_corpus
 
 log = logging.getLogger("build_tiny_sae")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STAMP_NAME = "build_stamp.json"
 DEMO_NAME = "steering_demo.json"
-REQUIRED_FILES = ("cfg.json", "sae_weights.safetensors", DEMO_NAME, STAMP_NAME)
+REQUIRED_FILES = ("cfg.json", "sae_weights.safetensors", DEMO_NAME)
 LAYER = 2
 D_SAE = 512
 DEMO_TOKENS = (" blue", " cats", " honey")  # features 0, 1, 2
@@ -68,22 +64,13 @@ def compute_build_hash(args: argparse.Namespace) -> str:
     for source in (Path(__file__), Path(tiny_corpus.__file__), steering / "sae.py", steering / "sae_math.py"):
         digest.update(source.read_bytes())
     try:
-        model_hash = json.loads((args.model / build_tiny_model.STAMP_NAME).read_text())["build_hash"]
+        model_hash = json.loads((args.model / stamped_build.STAMP_NAME).read_text())["build_hash"]
     except (OSError, ValueError, KeyError):
         model_hash = None  # a model from elsewhere: its folder's path stands in
     settings = {"train_steps": args.train_steps, "seed": args.seed, "model": model_hash or str(args.model.resolve())}
     settings |= {name: importlib.metadata.version(name) for name in ("torch", "transformers", "safetensors")}
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()
-
-
-def is_up_to_date(out: Path, build_hash: str) -> bool:
-    if not all((out / name).is_file() for name in REQUIRED_FILES):
-        return False
-    try:
-        return json.loads((out / STAMP_NAME).read_text()).get("build_hash") == build_hash
-    except (OSError, ValueError):
-        return False
 
 
 def collect_residuals(model: Any, tokenizer: Any, seed: int) -> Any:
@@ -238,36 +225,17 @@ def build_into(folder: Path, args: argparse.Namespace) -> None:
     (folder / DEMO_NAME).write_text(json.dumps(demo, indent=2) + "\n")
 
 
-def build(args: argparse.Namespace, build_hash: str) -> None:
-    # A plain SIGTERM would skip the cleanup below and leave the temp folder behind.
-    signal.signal(signal.SIGTERM, build_tiny_model.exit_on_sigterm)
-    started = time.monotonic()
-    folder = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=f".{args.out.name}.building-"))
-    try:
-        build_into(folder, args)
-        stamp = {"build_hash": build_hash, "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat()}
-        (folder / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n")
-        build_tiny_model.replace_folder(folder, args.out)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    log.info("built %s in %.1fs", args.out, time.monotonic() - started)
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     if args.train_steps < 0:
         raise SystemExit("--train-steps must be >= 0")
-    build_hash = compute_build_hash(args)
-    if not args.force and is_up_to_date(args.out, build_hash):
-        log.info("%s is up to date", args.out)
-        return 0
-    with build_tiny_model.build_lock(args.out):
-        if not args.force and is_up_to_date(args.out, build_hash):
-            log.info("%s is up to date (another process just built it)", args.out)
-            return 0
-        build(args, build_hash)
+
+    def fill(folder: Path) -> dict[str, Any]:
+        build_into(folder, args)
+        return {}
+
+    stamped_build.build_once(args.out, compute_build_hash(args), REQUIRED_FILES, fill, log, force=args.force)
     return 0
 
 
