@@ -8,10 +8,8 @@ steps, so a request joins the batch at the next step and a cancelled one frees i
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-from dataclasses import dataclass, field
 
 import torch
 
@@ -20,8 +18,8 @@ from scheduler.request import Request
 from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
-from tasks.steering_messages import MonitoredPosition
 from worker.engine import EngineOutput, EngineRequest, OutputCallback
+from worker.engine_sequence import EngineSequence, Submission
 from worker.engine_stats import EngineStats
 from worker.model_runner import ModelRunner
 from worker.request_sae import RequestSAE, resolve_request_sae
@@ -31,39 +29,6 @@ from worker.step_tokens import pick_tokens
 from worker.worker_monitor import WorkerMonitor
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Sequence:
-    """The engine's side of one request: how to sample, steer and monitor it, and whom to tell."""
-
-    request: EngineRequest
-    on_output: OutputCallback
-    generator: torch.Generator | None
-    scheduled: Request
-    sae: RequestSAE | None = None
-    is_steering_reported: bool = False
-    monitored: list[MonitoredPosition] = field(default_factory=list)  # read since the request's last output
-    num_proposed_tokens: int = 0
-    num_accepted_tokens: int = 0
-
-    def with_reports(self, output: EngineOutput) -> EngineOutput:
-        """`output` carrying the applied steering (the first time) and the positions monitored since the last one."""
-        steering = None
-        if self.sae is not None and not self.is_steering_reported:
-            steering, self.is_steering_reported = self.sae.applied, True
-        monitored, self.monitored = tuple(self.monitored), []
-        if steering is None and not monitored:
-            return output
-        return dataclasses.replace(output, steering=steering, monitor=monitored)
-
-
-@dataclass(frozen=True)
-class _Submission:
-    request: EngineRequest
-    on_output: OutputCallback
-    sae: RequestSAE | None
-    sae_error: str | None  # the request's steering or monitor could not be resolved
 
 
 def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
@@ -92,11 +57,11 @@ class ContinuousEngine:
         self._runner = runner
         self._scheduler = Scheduler(scheduler_config(config, runner))
         self._cond = threading.Condition()
-        self._inbox: list[_Submission] = []
+        self._inbox: list[Submission] = []
         self._cancelled: set[str] = set()
         self._active: set[str] = set()  # submitted and not yet finished
         self._is_stopping = False
-        self._sequences: dict[str, _Sequence] = {}  # engine thread only
+        self._sequences: dict[str, EngineSequence] = {}  # engine thread only
         self._worker_monitor: WorkerMonitor | None = None
         self._config = config
         self._stats = EngineStats()
@@ -132,7 +97,7 @@ class ContinuousEngine:
             if request.request_id in self._active:
                 raise ValueError(f"request {request.request_id!r} is already in the engine")
             self._active.add(request.request_id)
-            self._inbox.append(_Submission(request, on_output, sae, sae_error))
+            self._inbox.append(Submission(request, on_output, sae, sae_error))
             self._cond.notify_all()
 
     def set_worker_monitor(self, monitor: WorkerMonitor | None) -> None:
@@ -183,11 +148,11 @@ class ContinuousEngine:
                 self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))
         return True
 
-    def _admit(self, submission: _Submission) -> None:
+    def _admit(self, submission: Submission) -> None:
         request = submission.request
         scheduled = self._scheduler_request(request, submission.sae)
         generator = self._generator_for(request)
-        sequence = _Sequence(request, submission.on_output, generator, scheduled, submission.sae)
+        sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae)
         self._sequences[request.request_id] = sequence
         error = submission.sae_error or self._check(request)
         if error is not None:
@@ -314,7 +279,7 @@ class ContinuousEngine:
             self._cancelled.discard(request_id)
         self._deliver(sequence, output)
 
-    def _deliver(self, sequence: _Sequence, output: EngineOutput) -> None:
+    def _deliver(self, sequence: EngineSequence, output: EngineOutput) -> None:
         try:
             sequence.on_output(sequence.with_reports(output))
         except Exception:
@@ -337,7 +302,7 @@ class ContinuousEngine:
         for submission in inbox:
             request = submission.request
             scheduled = self._scheduler_request(request, None)
-            self._sequences[request.request_id] = _Sequence(request, submission.on_output, None, scheduled)
+            self._sequences[request.request_id] = EngineSequence(request, submission.on_output, None, scheduled)
         for request_id in list(self._sequences):
             self._scheduler.abort(request_id)
             self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))
