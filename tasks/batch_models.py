@@ -117,6 +117,8 @@ class BatchLine(Base):
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # chat's content entries
+    steering: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the steering that ran
+    monitor: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the monitored positions
 
     @property
     def is_open(self) -> bool:

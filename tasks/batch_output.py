@@ -36,6 +36,8 @@ def output_line(line: BatchLine) -> dict[str, Any]:
         finish_reason=line.finish_reason,
         usage=Usage(line.prompt_tokens, line.completion_tokens),
         logprobs=line.logprobs,
+        steering=line.steering,
+        monitor=line.monitor,
     )
     response = {"status_code": 200, "request_id": line.request_id, "body": body}
     return {"id": _line_id(line), "custom_id": line.custom_id, "response": response, "error": None}

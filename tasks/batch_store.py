@@ -28,6 +28,8 @@ class LineOutcome:
     completion_tokens: int = 0
     error: dict[str, Any] | None = None
     logprobs: list[dict[str, Any]] | None = None  # when the line asked for them
+    steering: dict[str, Any] | None = None  # the steering that ran, as a request's result reports it
+    monitor: dict[str, Any] | None = None  # the monitored positions, when the line asked for them
 
 
 def new_id(prefix: str) -> str:
@@ -149,6 +151,8 @@ def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome])
                 completion_tokens=outcome.completion_tokens,
                 error=outcome.error,
                 logprobs=outcome.logprobs,
+                steering=outcome.steering,
+                monitor=outcome.monitor,
                 finished_at=time.time(),
             )
         )

@@ -23,6 +23,7 @@ from tasks.messages import FinishReason, GenerateRequest
 from tasks.steering_store import read_profile
 from worker.choice import Choice
 from worker.engine import BULK_PRIORITY, Engine, EngineOutput, EngineRequest
+from worker.steering_report import PROFILE, REQUEST, SteeringReport
 from worker.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
@@ -35,12 +36,14 @@ class _LineRun:
     line: BatchLine
     request: GenerateRequest
     choice: Choice  # the same text, stop-string and finish handling as a chat choice
+    report: SteeringReport  # the steering that ran and the positions monitored, as a request's result has them
 
     def outcome(
         self, output: EngineOutput, stopped_as: LineStatus | None, tokenizer: PreTrainedTokenizerFast
     ) -> LineOutcome | None:
         """The line's result once `output` ends it, else None (a stop string may end it before the engine does)."""
         choice = self.choice
+        self.report.add(output)
         choice.apply(output, tokenizer)
         text, num_tokens = choice.text_stream.text, choice.num_tokens
         if choice.error is not None:
@@ -49,8 +52,15 @@ class _LineRun:
         if choice.finish_reason == FinishReason.ABORT:
             return LineOutcome(stopped_as or LineStatus.CANCELLED, text, None, num_tokens)
         if choice.finish_reason is not None:
-            logprobs = choice.result().logprobs
-            return LineOutcome(LineStatus.COMPLETED, text, choice.finish_reason.value, num_tokens, logprobs=logprobs)
+            return LineOutcome(
+                LineStatus.COMPLETED,
+                text,
+                choice.finish_reason.value,
+                num_tokens,
+                logprobs=choice.result().logprobs,
+                steering=self.report.steering(),
+                monitor=self.report.monitor(tokenizer),
+            )
         return None
 
 
@@ -103,7 +113,9 @@ class ChunkRunner:
         request = GenerateRequest.from_dict(line.request or {})
         text_stream = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop)
         wants_logprobs = request.sampling.logprobs is not None
-        return _LineRun(line, request, Choice(0, request.request_id, text_stream, wants_logprobs=wants_logprobs))
+        choice = Choice(0, request.request_id, text_stream, wants_logprobs=wants_logprobs)
+        source = PROFILE if request.steering is None else REQUEST
+        return _LineRun(line, request, choice, SteeringReport(request.request_id, request.monitor, source))
 
     def _submit_all(self, chunk: _Chunk) -> None:
         profile = read_profile(self.redis, self.config)
@@ -116,6 +128,7 @@ class ChunkRunner:
                 request.sampling,
                 BULK_PRIORITY,
                 steering=steering,
+                monitor=request.monitor,
             )
             self.engine.submit(engine_request, chunk.outputs.put)
         task = chunk.task

@@ -1,5 +1,5 @@
 """Steering input checked by the api alone, against the SAE listing a worker would publish: batch lines take
-`steering` but refuse `monitor`, the profile is validated like a request's steering, and no listing means no SAE."""
+`steering` and `monitor`, the profile is validated like a request's steering, and no listing means no SAE."""
 
 from __future__ import annotations
 
@@ -40,20 +40,21 @@ def test_without_a_worker_no_sae_is_listed_or_accepted(api: tuple[Config, FlaskC
     assert error["param"] == "steering.sae_id" and error["code"] == "sae_not_found"
 
 
-def test_batch_lines_take_steering_and_refuse_monitors(api: tuple[Config, FlaskClient, redis.Redis]) -> None:
+def test_batch_lines_take_steering_and_monitors_validated_like_requests(api: tuple[Config, FlaskClient, redis.Redis]) -> None:
     config, client, redis_client = api
     publish_saes(redis_client, config, [SAE])
     steering = {"sae_id": SAE["id"], "features": [{"index": 3, "strength": 4.0}]}
     lines = [
         chat_line("steered", config.model_name, steering=steering),
         chat_line("monitored", config.model_name, monitor={"sae_id": SAE["id"]}),
+        chat_line("over-monitored", config.model_name, monitor={"sae_id": SAE["id"], "top_k": 10**6}),
         chat_line("too-far", config.model_name, steering={**steering, "features": [{"index": 512, "strength": 1}]}),
     ]
     batch = create_batch(client, lines)
     errors = {error["line"]: error for error in batch["errors"]["data"]}
-    assert sorted(errors) == [2, 3]  # the steered line was accepted
-    assert errors[2]["param"] == "monitor"
-    assert errors[3]["param"] == "steering.features.0.index"
+    assert sorted(errors) == [3, 4]  # the steered and the monitored lines were accepted
+    assert errors[3]["param"] == "monitor.top_k"
+    assert errors[4]["param"] == "steering.features.0.index"
 
 
 def test_the_profile_is_validated_and_cleared(api: tuple[Config, FlaskClient, redis.Redis]) -> None:

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from scripts.stack import Stack
+from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end
 from tests.service.sse import data_frames, read_frames
 
 SAE_ID = "tiny/resid_post_2"
@@ -189,3 +190,22 @@ def test_bad_steering_and_monitor_input_is_a_400_naming_the_field(served: Stack,
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error", error
+
+
+def test_batch_lines_report_their_steering_and_monitor(served: Stack, blue: dict) -> None:
+    steering = {"sae_id": SAE_ID, "features": [{"index": blue["index"], "strength": blue["strength"]}]}
+    monitor = {"sae_id": SAE_ID, "top_k": 2, "positions": "last"}
+    base = {"messages": QUESTION, "max_tokens": MAX_TOKENS, "temperature": 0}
+    lines = [
+        chat_line(served, "steered", **base, steering=steering),
+        chat_line(served, "monitored", **base, monitor=monitor),
+        chat_line(served, "plain", **base),
+    ]
+    batch = wait_for_end(served, submit(served, lines))
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+    bodies = {line["custom_id"]: line["response"]["body"] for line in read_jsonl(served, batch.output_file_id)}
+    assert bodies["steered"]["steering"] == {**steering, "vectors": [], "source": "request"}
+    assert text(bodies["steered"]).lstrip().startswith(blue["token"].strip())
+    assert len(bodies["monitored"]["monitor"]["tokens"]) == 1
+    assert "steering" not in bodies["plain"] and "monitor" not in bodies["plain"]
+    assert text(bodies["plain"]) == text(chat(served))
