@@ -230,11 +230,13 @@ class ContinuousEngine:
             self._emit(update, logprob)
 
     def _can_speculate(self, request: Request) -> bool:
-        """Rows whose accepted proposals are exactly what plain decoding would produce, and that change no
-        steered or monitored activations."""
+        """Rows whose verified tokens are what plain decoding would produce (greedy) or are distributed as it
+        would draw them (unseeded sampling), and that change no steered or monitored activations."""
         sequence = self._sequences[request.request_id]
         sampling = sequence.request.sampling
-        is_plain = sampling.is_greedy and not sampling.has_penalties and sampling.logprobs is None
+        # A seeded row's draws must not depend on the batch, which decides whether it speculates.
+        is_sampled_safely = sampling.is_greedy or sampling.seed is None
+        is_plain = is_sampled_safely and not sampling.has_penalties and sampling.logprobs is None
         return is_plain and sequence.sae is None and request.num_output_tokens >= sampling.min_tokens
 
     def _max_proposal(self, request: Request) -> int:

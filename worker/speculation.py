@@ -1,11 +1,12 @@
 """Speculative decoding by prompt lookup: propose the tokens that followed the last occurrence of the request's
 latest n-gram in its own prompt and output, verify them all in the next step's forward pass, and keep the longest
-prefix the model agrees with (greedy), plus the model's own next token.
+prefix the model agrees with (greedy) or that the rejection-sampling rule keeps (sampling), plus one token of the
+model's own.
 
-Only greedy requests without penalties, logprobs, pending min_tokens, steering or monitoring speculate: for them the
-accepted tokens are exactly those plain decoding would produce. Each request's number of proposed tokens adapts to
-how many it has had accepted, and nothing is proposed in steps with more running requests than
-`spec_max_batch_size`, where the extra tokens would cost more than they save.
+Only requests without penalties, logprobs, pending min_tokens, steering, monitoring or a seed speculate: for them
+greedy output is exactly what plain decoding produces, and sampled output is distributed exactly as it would be.
+Each request's number of proposed tokens adapts to how many it has had accepted, and nothing is proposed in steps
+with more running requests than `spec_max_batch_size`, where the extra tokens would cost more than they save.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from scheduler.request import Request
+from worker.sampler import draw
 
 MAX_NGRAM = 3
 MIN_NGRAM = 1
@@ -52,6 +54,28 @@ def verify_greedy(logits: torch.Tensor, proposed: list[int]) -> list[int]:
             break
         accepted.append(proposed_token)
     return [*accepted, targets[len(accepted)]]
+
+
+def verify_sampled(
+    probs: torch.Tensor,  # [k + 1, V] the request's sampling distribution at the last real token and each proposal
+    proposed: list[int],
+    generator: torch.Generator | None,
+) -> list[int]:
+    """Leviathan et al.'s rule for a proposer that is certain of its token (q is one-hot, as prompt lookup is): keep
+    proposed token x with probability p(x); at the first rejection draw from p with x removed, renormalized;
+    after k acceptances draw the bonus token from p. The tokens are then distributed exactly as sampling from p
+    one step at a time would give."""
+    accepted = []
+    for position, token in enumerate(proposed):
+        row = probs[position]
+        keep = torch.rand((), generator=generator, device=probs.device) < row[token]
+        if bool(keep):
+            accepted.append(token)
+            continue
+        residual = row.clone()
+        residual[token] = 0.0
+        return [*accepted, int(draw(residual[None], [generator])[0])]
+    return [*accepted, int(draw(probs[len(proposed)][None], [generator])[0])]
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Each sampling chunk's new tokens from the step's logits: the sampler for plain rows, greedy verification for
-rows that carried proposed tokens."""
+"""Each sampling chunk's new tokens from the step's logits: the sampler for plain rows, verification (greedy, or
+rejection sampling) for rows that carried proposed tokens."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from scheduler.batch import ScheduledChunk
 from scheduler.request import Request
 from tasks.messages import TokenLogprob
-from worker.sampler import SamplingRow, sample
-from worker.speculation import verify_greedy
+from worker.sampler import SamplingRow, sample, sampling_probs
+from worker.speculation import verify_greedy, verify_sampled
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,15 @@ def pick_tokens(
     for i, chunk in enumerate(chunks):
         if chunk.num_spec_tokens:
             proposed = chunk.token_ids[-chunk.num_spec_tokens :]
-            token_ids[i] = verify_greedy(logits[first_rows[i] : first_rows[i] + chunk.num_logits], proposed)
+            rows = logits[first_rows[i] : first_rows[i] + chunk.num_logits]  # [k + 1, V]
+            token_ids[i] = verify(rows, proposed, sampling_row(chunk.request))
             verifications.append(Verification(chunk.request.request_id, len(proposed), len(token_ids[i]) - 1))
     return StepTokens(token_ids, logprobs, verifications)
+
+
+def verify(logits: torch.Tensor, proposed: list[int], row: SamplingRow) -> list[int]:
+    """Greedy rows keep what the argmax agrees with; sampled rows follow the rejection-sampling rule."""
+    if row.params.is_greedy:
+        return verify_greedy(logits, proposed)
+    probs = sampling_probs(logits, [row.params] * logits.shape[0])  # [k + 1, V]
+    return verify_sampled(probs, proposed, row.generator)

@@ -12,10 +12,11 @@ from transformers import PreTrainedModel
 
 from scheduler.request import Request
 from tasks.config import Config
+from tasks.messages import SamplingParams
 from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
 from worker.engine import EngineRequest
 from worker.model_runner import ModelRunner
-from worker.speculation import SpeculationConfig, Speculator, propose_ngram, verify_greedy
+from worker.speculation import SpeculationConfig, Speculator, propose_ngram, verify_greedy, verify_sampled
 
 SPEC = SpeculationConfig(max_batch_size=2, min_acceptance=0.3)
 
@@ -119,4 +120,42 @@ def test_a_request_overrides_the_workers_speculative_default(
     assert run(engine, "asking", prompt, asking).token_ids == plain
     assert engine.stats.num_proposed_tokens > 0
     assert engine.stats.num_proposed_tokens <= 2 * engine.stats.num_verifications
+    next(serving, None)
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_rejection_sampling_keeps_the_targets_distribution() -> None:
+    """Proposals drawn from nowhere near p (always 2, then 1) still yield tokens distributed as p at each position."""
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.1, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25]])
+    generator = torch.Generator().manual_seed(0)
+    first, second = torch.zeros(4), torch.zeros(4)
+    for _ in range(20_000):
+        tokens = verify_sampled(probs, [2, 1], generator)
+        first[tokens[0]] += 1
+        if tokens[0] == 2:  # the proposal was kept, so the second token was drawn at position 1
+            second[tokens[1]] += 1
+    critical = 16.27  # chi-square with 3 degrees of freedom at p = 0.001
+    assert chi_square(first, probs[0]) < critical, first
+    assert chi_square(second, probs[1]) < critical, second
+    assert first[2] / first.sum() == pytest.approx(0.3, abs=0.02)  # not the 1.0 a proposal-biased rule would give
+
+
+def test_unseeded_sampled_rows_speculate_and_seeded_ones_never_do(
+    endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    serving = serve(endless_runner, tiny_config, caplog)
+    engine = next(serving)
+    prompt = grounded_prompt(11)
+    seeded = SamplingParams(max_tokens=24, temperature=0.7, seed=3)
+    first = run(engine, "seeded", prompt, seeded).token_ids
+    assert engine.stats.num_proposed_tokens == 0
+    assert run(engine, "seeded-again", prompt, seeded).token_ids == first
+    unseeded = dataclasses.replace(seeded, seed=None, temperature=0.3)  # close to the copying greedy path
+    for attempt in range(4):  # a sampled token can leave every n-gram behind; four misses in a row are very unlikely
+        assert len(run(engine, f"unseeded-{attempt}", prompt, unseeded).token_ids) == 24
+    assert engine.stats.num_proposed_tokens > 0
     next(serving, None)
