@@ -4,17 +4,23 @@ is refused with 409."""
 from __future__ import annotations
 
 import hashlib
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from flask import request
+from sqlalchemy.exc import IntegrityError
 
 from api.errors import APIError
+from api.services import db_session
 
 MAX_KEY_LENGTH = 256
 
 
 class Idempotent(Protocol):
     request_hash: str | None
+
+
+Record = TypeVar("Record", bound=Idempotent)
 
 
 def idempotency_key() -> str | None:
@@ -40,3 +46,20 @@ def check_replay(record: Idempotent, digest: str) -> None:
             param="Idempotency-Key",
             code="idempotency_key_reused",
         )
+
+
+def commit_once(record: Record, key: str | None, digest: str, find_by_key: Callable[[str], Record | None]) -> Record:
+    """Commits the new `record`; when a concurrent request with the same key committed first (the unique key
+    refuses this one), returns that earlier record instead, or 409 if it came from another request."""
+    session = db_session()
+    session.add(record)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        earlier = find_by_key(key) if key is not None else None
+        if earlier is None:
+            raise
+        check_replay(earlier, digest)
+        return earlier
+    return record

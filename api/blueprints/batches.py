@@ -8,7 +8,6 @@ import time
 from flask import Blueprint, Response, jsonify, request
 from pydantic import Field
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from api.batch_lines import URL_ENDPOINTS, parse_lines
 from api.batch_objects import batch_object, line_row
@@ -16,7 +15,7 @@ from api.batch_relay import batch_frames
 from api.blueprints.files import find_file
 from api.errors import APIError
 from api.generation import json_body
-from api.idempotency import check_replay, idempotency_key, request_hash
+from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
 from api.schemas import StrictModel
 from api.services import db_session, services
 from api.sse import last_event_id, sse_response
@@ -84,18 +83,7 @@ def _record_validating(create: BatchCreate, key: str | None, digest: str) -> Bat
         idempotency_key=key,
         request_hash=digest,
     )
-    session = db_session()
-    session.add(batch)
-    try:
-        session.commit()
-    except IntegrityError:
-        session.rollback()  # a concurrent request with the same key won
-        earlier = _by_key(key) if key is not None else None
-        if earlier is None:
-            raise
-        check_replay(earlier, digest)
-        return earlier
-    return batch
+    return commit_once(batch, key, digest, _by_key)
 
 
 def _validate_and_start(batch: BatchRecord, content: bytes) -> None:

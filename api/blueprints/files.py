@@ -6,11 +6,10 @@ import time
 
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
 from api.errors import APIError
 from api.file_objects import file_object
-from api.idempotency import check_replay, idempotency_key, request_hash
+from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
 from api.services import db_session, services
 from tasks.batch_models import FileRecord
 from tasks.batch_store import new_id
@@ -50,21 +49,10 @@ def create_file() -> Response:
 
 
 def _store_once(record: FileRecord, key: str | None, digest: str) -> FileRecord:
-    session = db_session()
     if key is not None and (earlier := _by_key(key)) is not None:
         check_replay(earlier, digest)
         return earlier
-    session.add(record)
-    try:
-        session.commit()
-    except IntegrityError:
-        session.rollback()  # a concurrent request with the same key won
-        earlier = _by_key(key) if key is not None else None
-        if earlier is None:
-            raise
-        check_replay(earlier, digest)
-        return earlier
-    return record
+    return commit_once(record, key, digest, _by_key)
 
 
 def _by_key(key: str) -> FileRecord | None:

@@ -40,7 +40,9 @@ def test_without_a_worker_no_sae_is_listed_or_accepted(api: tuple[Config, FlaskC
     assert error["param"] == "steering.sae_id" and error["code"] == "sae_not_found"
 
 
-def test_batch_lines_take_steering_and_monitors_validated_like_requests(api: tuple[Config, FlaskClient, redis.Redis]) -> None:
+def test_batch_lines_take_steering_and_monitors_validated_like_requests(
+    api: tuple[Config, FlaskClient, redis.Redis],
+) -> None:
     config, client, redis_client = api
     publish_saes(redis_client, config, [SAE])
     steering = {"sae_id": SAE["id"], "features": [{"index": 3, "strength": 4.0}]}
