@@ -26,6 +26,7 @@ from tasks.store import cancel_if_queued, create_request, get_request, record_re
 from tasks.streams import STREAM_START, RedisKeys, request_cancel, wait_for_final
 
 logger = logging.getLogger(__name__)
+ERROR_STATUS = {"invalid_request_error": 400, "service_unavailable": 503}  # else 500
 ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-"}
 
 
@@ -145,7 +146,7 @@ def _wait(record: RequestRecord) -> Response:
         raise APIError(500, "The result was not recorded.", type="server_error")
     if finished.result.error is not None:
         error = finished.result.error
-        return jsonify({"error": error}), 503 if error.get("type") == "service_unavailable" else 500
+        return jsonify({"error": error}), ERROR_STATUS.get(error.get("type"), 500)
     return jsonify(completion_object(finished))
 
 

@@ -47,7 +47,7 @@ class _LineRun:
         choice.apply(output, tokenizer)
         text, num_tokens = choice.text_stream.text, choice.num_tokens
         if choice.error is not None:
-            error = {"message": choice.error, "type": "server_error", "param": None, "code": None}
+            error = {"message": choice.error, "type": choice.error_type, "param": None, "code": None}
             return LineOutcome(LineStatus.FAILED, text, None, num_tokens, error)
         if choice.finish_reason == FinishReason.ABORT:
             return LineOutcome(stopped_as or LineStatus.CANCELLED, text, None, num_tokens)

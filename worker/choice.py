@@ -33,6 +33,7 @@ class Choice:
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
+    error_type: str = "server_error"  # OpenAI's error type: invalid_request_error when the engine refused the request
     num_cached_tokens: int = 0
     num_proposed_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -44,6 +45,7 @@ class Choice:
     def apply(self, output: EngineOutput, tokenizer: PreTrainedTokenizerFast) -> ChoiceDelta:
         if output.error is not None:
             self.error = output.error
+            self.error_type = "invalid_request_error" if output.is_request_error else "server_error"
             return ChoiceDelta("", [], [], None)
         self.num_tokens += len(output.new_token_ids)
         self.num_cached_tokens = output.num_cached_tokens

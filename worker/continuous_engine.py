@@ -156,7 +156,8 @@ class ContinuousEngine:
         self._sequences[request.request_id] = sequence
         error = submission.sae_error or self._check(request)
         if error is not None:
-            self._finish(request.request_id, EngineOutput(request.request_id, [], error=error))
+            refusal = EngineOutput(request.request_id, [], error=error, is_request_error=True)
+            self._finish(request.request_id, refusal)
         else:
             self._scheduler.add(scheduled)
 

@@ -31,6 +31,7 @@ class EngineOutput:
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
     error: str | None = None
+    is_request_error: bool = False  # the request itself was refused at admission: the client's to fix
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served (OpenAI's usage.prompt_tokens_details)
     num_proposed_tokens: int = 0  # so far for this request, by speculative decoding

@@ -156,7 +156,7 @@ class GenerationHandler:
             report.add(output)
             delta = choice.apply(output, self.tokenizer)
             if choice.error is not None:
-                return _outcome(choices, ErrorInfo(choice.error, "server_error"))
+                return _outcome(choices, ErrorInfo(choice.error, choice.error_type))
             self._emit_delta(request, choice.index, delta)
             if choice.is_done and output.finish_reason is None:
                 self.engine.cancel(choice.engine_request_id)  # a stop string ended it before the engine did

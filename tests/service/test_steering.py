@@ -209,3 +209,13 @@ def test_batch_lines_report_their_steering_and_monitor(served: Stack, blue: dict
     assert len(bodies["monitored"]["monitor"]["tokens"]) == 1
     assert "steering" not in bodies["plain"] and "monitor" not in bodies["plain"]
     assert text(bodies["plain"]) == text(chat(served))
+
+
+def test_a_vector_file_the_worker_cannot_find_is_the_clients_400(served: Stack) -> None:
+    """Only the worker can look for the file; its refusal still reaches the client as a request error."""
+    body = {"model": served.config.model_name, "messages": QUESTION, "max_tokens": 4,
+            "steering": {"vectors": [{"layer": 1, "path": "no/such/vector.safetensors", "strength": 1.0}]}}  # fmt: skip
+    response = send(served, "POST", "/v1/chat/completions", body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and "vector" in error["message"]

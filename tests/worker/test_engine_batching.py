@@ -116,6 +116,7 @@ def test_preemption_recomputes_and_still_matches_hf_generate(
 def test_a_request_larger_than_the_pool_is_refused(tiny_pool_engine: ContinuousEngine) -> None:
     refused = run(tiny_pool_engine, "huge", [5] * 150, greedy(100))
     assert refused.outputs[-1].error is not None and "KV cache" in refused.outputs[-1].error
+    assert refused.outputs[-1].is_request_error
 
 
 def test_interactive_requests_overtake_bulk_ones(
