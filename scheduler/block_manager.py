@@ -99,7 +99,9 @@ class BlockManager:
         """Registers the request's blocks that its computed tokens have filled since the last call."""
         if not self.enable_prefix_caching:
             return
-        for index in range(len(request.block_hashes), request.num_computed_tokens // self.block_size):
+        # Only tokens both computed and appended: accepted proposals join the output after their K/V is written.
+        num_tokens = min(request.num_computed_tokens, request.num_tokens)
+        for index in range(len(request.block_hashes), num_tokens // self.block_size):
             parent = request.block_hashes[-1] if request.block_hashes else None
             key = self._key(request, index, parent)
             hash_value = block_hash(key)
@@ -108,6 +110,10 @@ class BlockManager:
                 block.hash, block.key = hash_value, key
                 self._cached[hash_value] = block.block_id
             request.block_hashes.append(hash_value)
+
+    def num_reclaimable_blocks(self, request: Request) -> int:
+        """Blocks freeing the request would return to the pool: those no other request holds."""
+        return sum(1 for block_id in request.block_table if self._blocks[block_id].ref_count == 1)
 
     @property
     def hit_rate(self) -> float:

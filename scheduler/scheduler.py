@@ -93,9 +93,10 @@ class Scheduler:
             num_accepted = max(len(tokens) - 1, 0)
             request.num_computed_tokens = chunk.end - chunk.num_spec_tokens + num_accepted
             request.spec_token_ids = []
-            self.block_manager.cache_full_blocks(request)
             if chunk.is_sampling:
-                updates.append(self._append_tokens(request, tokens))
+                updates.append(self._append_tokens(request, tokens))  # caches its full blocks before it may finish
+            else:
+                self.block_manager.cache_full_blocks(request)
         return updates
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
@@ -104,8 +105,8 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_tokens = self._chunk_size(request, budget)
-            if num_tokens < request.num_uncomputed_tokens and request.spec_token_ids:
-                request.spec_token_ids = []  # no room to verify them all this step: decode plainly
+            if request.spec_token_ids and not self._fits(request, num_tokens):
+                request.spec_token_ids = []  # proposals never cost another request its blocks: decode plainly
                 num_tokens = self._chunk_size(request, budget)
             if not self._make_room(request, request.num_computed_tokens + num_tokens, batch):
                 break  # the request preempted itself: it and everything after it are back in waiting
@@ -129,10 +130,10 @@ class Scheduler:
             self.block_manager.reuse_cached_prefix(request)
             num_tokens = self._chunk_size(request, budget)
             while not self._has_room(request, request.num_computed_tokens + num_tokens):
-                if not self._can_preempt_for(request):
+                if not self._can_preempt_for(request, request.num_computed_tokens + num_tokens):
                     self._release(request)
                     return
-                budget += self._preempt(self.running[-1], batch)
+                budget += self._preempt(max(self.running, key=lambda r: r.sort_key), batch)
                 num_tokens = self._chunk_size(request, budget)
             self.waiting.pop(0)
             if request.num_cached_tokens < 0:  # the first admission is the one usage reports
@@ -150,8 +151,18 @@ class Scheduler:
     def _has_room(self, request: Request, num_tokens: int) -> bool:
         return len(self.running) < self.config.max_num_seqs and self.block_manager.can_allocate(request, num_tokens)
 
-    def _can_preempt_for(self, request: Request) -> bool:
-        return bool(self.running) and self.running[-1].priority > request.priority
+    def _fits(self, request: Request, num_tokens: int) -> bool:
+        """The whole chunk fits the budget's share and the free blocks, without preempting anyone."""
+        is_whole = num_tokens == request.num_uncomputed_tokens
+        return is_whole and self.block_manager.can_allocate(request, request.num_computed_tokens + num_tokens)
+
+    def _can_preempt_for(self, request: Request, num_tokens: int) -> bool:
+        """Whether preempting every running request of worse priority would make room; else preempt none."""
+        victims = [r for r in self.running if r.priority > request.priority]
+        has_seat = len(self.running) - len(victims) < self.config.max_num_seqs
+        reclaimable = sum(self.block_manager.num_reclaimable_blocks(victim) for victim in victims)
+        needed = self.block_manager.num_missing_blocks(request, num_tokens)
+        return bool(victims) and has_seat and self.block_manager.num_free_blocks + reclaimable >= needed
 
     def _chunk_size(self, request: Request, budget: int) -> int:
         return min(request.num_uncomputed_tokens, self.config.prefill_chunk_size, budget)
@@ -187,9 +198,12 @@ class Scheduler:
             appended.append(token_id)
             status = self._finished_status(request, token_id)
             if status is not None:
+                self.block_manager.cache_full_blocks(request)
                 self.running.remove(request)
                 self._finish(request, status)
                 break
+        else:
+            self.block_manager.cache_full_blocks(request)
         return TokenUpdate(request, appended, request.finish_reason)
 
     def _finished_status(self, request: Request, token_id: int) -> RequestStatus | None:

@@ -135,3 +135,20 @@ def test_a_reused_free_block_is_never_handed_out_again_while_referenced() -> Non
     assert not set(later.block_table) & set(filler.block_table)
     referenced = set(later.block_table) | set(filler.block_table)
     assert scheduler.block_manager.num_free_blocks == CONFIG.num_blocks - len(referenced)
+
+
+def test_blocks_filled_by_accepted_proposals_are_cached_under_their_tokens() -> None:
+    scheduler = Scheduler(dataclasses.replace(CONFIG, prefill_chunk_size=64))
+    first = request("first", [1, 2, 3], max_tokens=20)
+    scheduler.add(first)
+    scheduler.update_from_output(scheduler.schedule(), [[4]])
+    first.spec_token_ids = [5, 6, 7, 8]
+    batch = scheduler.schedule()
+    assert batch.chunks[0].num_tokens == 5
+    scheduler.update_from_output(batch, [[5, 6, 7, 8, 9]])  # all four accepted, then the model's own token
+    assert first.num_computed_tokens == 8 and first.output_token_ids == [4, 5, 6, 7, 8, 9]
+    scheduler.abort("first")
+    later = request("later", [1, 2, 3, 4, 5, 6, 7, 8, 9, 42])
+    scheduler.add(later)
+    scheduler.schedule()
+    assert later.num_cached_tokens == 8

@@ -146,3 +146,29 @@ def test_context_limit_ends_with_length() -> None:
     scheduler.add(r)
     assert run_to_completion(scheduler) == 2
     assert r.finish_reason == "length" and r.num_tokens == 12
+
+
+def test_proposals_never_preempt_a_request_that_fits_without_them() -> None:
+    scheduler = Scheduler(dataclasses.replace(CONFIG, num_blocks=4, max_model_len=64))
+    long, short = request("long", 7, max_tokens=8), request("short", 3, max_tokens=12)
+    scheduler.add(long)
+    scheduler.add(short)
+    step(scheduler)
+    assert scheduler.block_manager.num_free_blocks == 1
+    short.spec_token_ids = [5, 6, 7, 8, 9, 10]  # would need two more blocks
+    batch = scheduler.schedule()
+    assert [(c.request.request_id, c.num_tokens) for c in batch.chunks] == [("long", 1), ("short", 1)]
+    assert batch.preempted == [] and short.num_computed_tokens == 3
+
+
+def test_priority_preemption_happens_only_when_it_makes_room() -> None:
+    scheduler = Scheduler(dataclasses.replace(CONFIG, num_blocks=4, max_model_len=64))
+    chat, bulk = request("chat", 7, max_tokens=8), request("bulk", 3, max_tokens=8, priority=1)
+    scheduler.add(chat)
+    scheduler.add(bulk)
+    step(scheduler)
+    too_big = request("too-big", 12, max_tokens=2)  # needs 3 blocks: the free one and bulk's one are not enough
+    scheduler.add(too_big)
+    batch = scheduler.schedule()
+    assert batch.preempted == [] and bulk.status is RequestStatus.RUNNING
+    assert too_big.status is RequestStatus.WAITING
