@@ -48,8 +48,10 @@ class Choice:
             self.error_type = "invalid_request_error" if output.is_request_error else "server_error"
             return ChoiceDelta("", [], [], None)
         self.num_tokens += len(output.new_token_ids)
-        self.num_cached_tokens = output.num_cached_tokens
-        self.num_proposed_tokens, self.num_accepted_tokens = output.num_proposed_tokens, output.num_accepted_tokens
+        # cumulative counts; an abort's output carries none of them
+        self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+        self.num_proposed_tokens = max(self.num_proposed_tokens, output.num_proposed_tokens)
+        self.num_accepted_tokens = max(self.num_accepted_tokens, output.num_accepted_tokens)
         entries = logprob_entries(tokenizer, output.logprobs)
         self.logprobs.extend(entries)
         text = self.text_stream.push(output.new_token_ids)

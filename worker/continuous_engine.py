@@ -131,6 +131,8 @@ class ContinuousEngine:
                     if self._scheduler.has_work:
                         self._step_or_fail()
         finally:
+            with self._cond:  # whatever ended the loop, later submissions are refused rather than never answered
+                self._is_stopping = True
             self._abort_all()
 
     def _take_new_work(self) -> bool:
@@ -142,7 +144,11 @@ class ContinuousEngine:
             inbox, self._inbox = self._inbox, []
             cancelled, self._cancelled = self._cancelled, set()
         for submission in inbox:
-            self._admit(submission)
+            try:
+                self._admit(submission)
+            except Exception as exc:  # one bad submission must not strand the others taken with it
+                logger.exception("admitting request %s failed", submission.request.request_id)
+                self._fail_submission(submission, f"the engine could not admit the request: {exc}")
         for request_id in cancelled:
             if self._scheduler.abort(request_id) is not None:
                 self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))
@@ -207,10 +213,8 @@ class ContinuousEngine:
             self._step(batch)
         except Exception as exc:
             logger.exception("an engine step over %d requests failed", len(batch.chunks))
-            for chunk in batch.chunks:
-                request_id = chunk.request.request_id
-                if self._scheduler.abort(request_id) is not None:
-                    self._finish(request_id, EngineOutput(request_id, [], error=f"the engine step failed: {exc}"))
+            for chunk in batch.chunks:  # finished in this step or not, each still owes its caller an output
+                self._fail(chunk.request.request_id, f"the engine step failed: {exc}")
 
     def _step(self, batch: Batch) -> None:
         with self._cond:
@@ -220,12 +224,14 @@ class ContinuousEngine:
         for request_id, positions in output.monitored.items():
             self._sequences[request_id].monitored.extend(positions)
         picked = pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row)
+        updates = self._scheduler.update_from_output(batch, picked.token_ids)
+        num_appended = {update.request.request_id: len(update.token_ids) for update in updates}
         for verification in picked.verifications:
             self._speculator.record(verification.request_id, verification.num_proposed, verification.num_accepted)
             sequence = self._sequences[verification.request_id]
             sequence.num_proposed_tokens += verification.num_proposed
-            sequence.num_accepted_tokens += verification.num_accepted
-        updates = self._scheduler.update_from_output(batch, picked.token_ids)
+            # accepted tokens past a stop token are dropped, so usage does not count them
+            sequence.num_accepted_tokens += min(verification.num_accepted, num_appended[verification.request_id] - 1)
         self._record_step(batch)
         for update, logprob in zip(updates, picked.logprobs, strict=True):
             self._emit(update, logprob)
@@ -273,6 +279,24 @@ class ContinuousEngine:
             self._deliver(self._sequences[request_id], output)
         else:
             self._finish(request_id, output)
+
+    def _fail(self, request_id: str, error: str) -> None:
+        """Ends the request with an error wherever it is, unless its final output has already gone out."""
+        self._scheduler.abort(request_id)
+        if request_id in self._sequences:
+            self._finish(request_id, EngineOutput(request_id, [], error=error))
+
+    def _fail_submission(self, submission: Submission, error: str) -> None:
+        request_id = submission.request.request_id
+        if request_id in self._sequences:
+            self._fail(request_id, error)
+            return
+        with self._cond:
+            self._active.discard(request_id)
+        try:
+            submission.on_output(EngineOutput(request_id, [], error=error))
+        except Exception:
+            logger.exception("output callback of request %s raised", request_id)
 
     def _finish(self, request_id: str, output: EngineOutput) -> None:
         sequence = self._sequences.pop(request_id)

@@ -97,9 +97,11 @@ class GenerationHandler:
     def _run(self, request: GenerateRequest) -> Outcome:
         outputs: queue.Queue[EngineOutput] = queue.Queue()
         steering, source = self._steering_for(request)
-        choices = [self._start_choice(request, index, outputs, steering) for index in range(request.n)]
-        report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
+        choices: list[Choice] = []
         try:
+            for index in range(request.n):  # started one by one, so a failed submit still cancels those before it
+                choices.append(self._start_choice(request, index, outputs, steering))
+            report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
             outcome = self._follow(request, choices, outputs, report)
         finally:
             for choice in choices:

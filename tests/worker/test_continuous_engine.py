@@ -210,3 +210,17 @@ def test_ignore_eos_runs_to_max_tokens_through_the_eos(
     assert ignoring.outputs[-1].finish_reason == FinishReason.LENGTH
     assert len(ignoring.token_ids) == 64
     assert ignoring.token_ids[: len(natural.token_ids)] == natural.token_ids
+
+
+def test_a_request_that_finished_inside_a_failed_step_still_gets_its_output(
+    engine: ContinuousEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken_record(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("stats on fire")
+
+    monkeypatch.setattr(engine, "_record_step", broken_record)
+    failed = run(engine, "one-token", [5, 6, 7], greedy(1))  # the scheduler finishes it before the step raises
+    assert failed.outputs == [EngineOutput("one-token", [], error="the engine step failed: stats on fire")]
+    assert engine.num_free_blocks == engine.num_blocks
+    monkeypatch.undo()
+    assert take_logged_errors(caplog) == ["an engine step over 1 requests failed"]
