@@ -92,8 +92,6 @@ def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any]) 
     )
     if fields.stream:
         raise LineError(ErrorInfo("stream is not supported in batch requests", param="stream", code="invalid_value"))
-    if fields.n != 1:  # an output line has one response body with one choice
-        raise LineError(ErrorInfo("n must be 1 in batch requests", param="n", code="invalid_value"))
     check_model_name(fields.model)
     if isinstance(fields, ChatCompletionRequest):
         prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages)

@@ -119,6 +119,7 @@ class BatchLine(Base):
     logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # chat's content entries
     steering: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the steering that ran
     monitor: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the monitored positions
+    extra_choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # n > 1: choices 1..
 
     @property
     def is_open(self) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 
 from tasks.batch_models import BatchLine, LineStatus
 from tasks.completions import completion_body
-from tasks.messages import Endpoint, Usage
+from tasks.messages import ChoiceResult, Endpoint, Usage
 
 STOPPED_ERRORS = {
     LineStatus.CANCELLED: {"code": "batch_cancelled", "message": "The batch was cancelled before this request ran."},
@@ -38,6 +38,7 @@ def output_line(line: BatchLine) -> dict[str, Any]:
         logprobs=line.logprobs,
         steering=line.steering,
         monitor=line.monitor,
+        extra_choices=[ChoiceResult.from_dict(choice) for choice in line.extra_choices or []],
     )
     response = {"status_code": 200, "request_id": line.request_id, "body": body}
     return {"id": _line_id(line), "custom_id": line.custom_id, "response": response, "error": None}

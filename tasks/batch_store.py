@@ -30,6 +30,7 @@ class LineOutcome:
     logprobs: list[dict[str, Any]] | None = None  # when the line asked for them
     steering: dict[str, Any] | None = None  # the steering that ran, as a request's result reports it
     monitor: dict[str, Any] | None = None  # the monitored positions, when the line asked for them
+    extra_choices: list[dict[str, Any]] | None = None  # n > 1: choices 1.., as ChoiceResult dicts
 
 
 def new_id(prefix: str) -> str:
@@ -153,6 +154,7 @@ def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome])
                 logprobs=outcome.logprobs,
                 steering=outcome.steering,
                 monitor=outcome.monitor,
+                extra_choices=outcome.extra_choices,
                 finished_at=time.time(),
             )
         )

@@ -21,10 +21,9 @@ from tasks.config import Config
 from tasks.db import SessionFactory
 from tasks.messages import FinishReason, GenerateRequest
 from tasks.steering_store import read_profile
-from worker.choice import Choice
-from worker.engine import BULK_PRIORITY, Engine, EngineOutput, EngineRequest
+from worker.choice import Choice, start_choice
+from worker.engine import BULK_PRIORITY, Engine, EngineOutput
 from worker.steering_report import PROFILE, REQUEST, SteeringReport
-from worker.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -35,40 +34,44 @@ RENEWALS_PER_LEASE = 3
 class _LineRun:
     line: BatchLine
     request: GenerateRequest
-    choice: Choice  # the same text, stop-string and finish handling as a chat choice
+    choices: dict[str, Choice]  # by engine request id; the same text, stop-string and finish handling as chat's
     report: SteeringReport  # the steering that ran and the positions monitored, as a request's result has them
 
     def outcome(
         self, output: EngineOutput, stopped_as: LineStatus | None, tokenizer: PreTrainedTokenizerFast
     ) -> LineOutcome | None:
-        """The line's result once `output` ends it, else None (a stop string may end it before the engine does)."""
-        choice = self.choice
+        """The line's result once `output` ends it (an error, an abort, or its last choice), else None."""
+        choice = self.choices[output.request_id]
         self.report.add(output)
         choice.apply(output, tokenizer)
-        text, num_tokens = choice.text_stream.text, choice.num_tokens
+        choices = sorted(self.choices.values(), key=lambda c: c.index)
+        num_tokens = sum(c.num_tokens for c in choices)
+        text = choices[0].text_stream.text
         if choice.error is not None:
             error = {"message": choice.error, "type": choice.error_type, "param": None, "code": None}
             return LineOutcome(LineStatus.FAILED, text, None, num_tokens, error)
         if choice.finish_reason == FinishReason.ABORT:
             return LineOutcome(stopped_as or LineStatus.CANCELLED, text, None, num_tokens)
-        if choice.finish_reason is not None:
-            return LineOutcome(
-                LineStatus.COMPLETED,
-                text,
-                choice.finish_reason.value,
-                num_tokens,
-                logprobs=choice.result().logprobs,
-                steering=self.report.steering(),
-                monitor=self.report.monitor(tokenizer),
-            )
-        return None
+        if not all(c.is_done for c in choices):
+            return None
+        first = choices[0].result()
+        return LineOutcome(
+            LineStatus.COMPLETED,
+            text,
+            first.finish_reason.value if first.finish_reason else None,
+            num_tokens,
+            logprobs=first.logprobs,
+            steering=self.report.steering(),
+            monitor=self.report.monitor(tokenizer),
+            extra_choices=[c.result().to_dict() for c in choices[1:]] or None,
+        )
 
 
 @dataclass
 class _Chunk:
     task: ChunkTask
     owner: str  # this run's lease owner: the worker's name and a token, unique per delivery
-    runs: dict[str, _LineRun]  # by engine request id
+    runs: dict[str, _LineRun]  # by engine request id: a line of n choices is here n times
     outputs: queue.Queue[EngineOutput] = field(default_factory=queue.Queue)
     stopped_as: LineStatus | None = None
 
@@ -99,40 +102,32 @@ class ChunkRunner:
         if not lines:
             logger.info("chunk %s has nothing left to run; skipping the redelivery", task.chunk_id)
             return
-        runs = {line.request_id: self._line_run(line) for line in lines}
-        chunk = _Chunk(task, owner, runs)
+        chunk = _Chunk(task, owner, {})
         try:
-            self._submit_all(chunk)
+            self._submit_all(chunk, lines)
             self._follow(chunk)
         finally:
             for request_id in chunk.runs:
                 self.engine.cancel(request_id)
         self._after_chunk(task.batch_id)
 
-    def _line_run(self, line: BatchLine) -> _LineRun:
-        request = GenerateRequest.from_dict(line.request or {})
-        text_stream = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling.stop)
-        wants_logprobs = request.sampling.logprobs is not None
-        choice = Choice(0, request.request_id, text_stream, wants_logprobs=wants_logprobs)
-        source = PROFILE if request.steering is None else REQUEST
-        return _LineRun(line, request, choice, SteeringReport(request.request_id, request.monitor, source))
-
-    def _submit_all(self, chunk: _Chunk) -> None:
+    def _submit_all(self, chunk: _Chunk, lines: list[BatchLine]) -> None:
+        """Every choice of every line into the engine at once, at bulk priority."""
         profile = read_profile(self.redis, self.config)
-        for run in chunk.runs.values():
-            request = run.request
+        for line in lines:
+            request = GenerateRequest.from_dict(line.request or {})
             steering = profile if request.steering is None else request.steering
-            engine_request = EngineRequest(
-                request.request_id,
-                request.prompt_token_ids,
-                request.sampling,
-                BULK_PRIORITY,
-                steering=steering,
-                monitor=request.monitor,
+            choices = [
+                start_choice(self.engine, self.tokenizer, request, index, chunk.outputs.put, steering, BULK_PRIORITY)
+                for index in range(request.n)
+            ]
+            report = SteeringReport(
+                choices[0].engine_request_id, request.monitor, PROFILE if request.steering is None else REQUEST
             )
-            self.engine.submit(engine_request, chunk.outputs.put)
+            run = _LineRun(line, request, {choice.engine_request_id: choice for choice in choices}, report)
+            chunk.runs.update({engine_request_id: run for engine_request_id in run.choices})
         task = chunk.task
-        logger.info("chunk %s of %s: %d lines in the engine", task.chunk_id, task.batch_id, len(chunk.runs))
+        logger.info("chunk %s of %s: %d lines in the engine", task.chunk_id, task.batch_id, len(lines))
 
     def _follow(self, chunk: _Chunk) -> None:
         next_poll = next_renewal = 0.0
@@ -158,12 +153,16 @@ class ChunkRunner:
     def _take(self, chunk: _Chunk, output: EngineOutput) -> tuple[_LineRun, LineOutcome] | None:
         """The line and its result if `output` ended it."""
         run = chunk.runs.get(output.request_id)
-        outcome = run.outcome(output, chunk.stopped_as, self.tokenizer) if run is not None else None
-        if run is None or outcome is None:
-            return None
-        del chunk.runs[output.request_id]
-        if not output.is_finished:
+        if run is None or run.choices[output.request_id].is_done:
+            return None  # the abort that follows a cancel, or a line already recorded
+        outcome = run.outcome(output, chunk.stopped_as, self.tokenizer)
+        if run.choices[output.request_id].is_done and not output.is_finished:
             self.engine.cancel(output.request_id)  # a stop string ended it before the engine knew
+        if outcome is None:
+            return None
+        for engine_request_id in run.choices:  # the line is over: its other choices stop too
+            chunk.runs.pop(engine_request_id, None)
+            self.engine.cancel(engine_request_id)
         return run, outcome
 
     def _record(self, chunk: _Chunk, finished: list[tuple[_LineRun, LineOutcome]]) -> None:

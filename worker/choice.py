@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from tasks.messages import ChoiceResult, FinishReason
-from worker.engine import EngineOutput
+from tasks.messages import ChoiceResult, FinishReason, GenerateRequest
+from tasks.steering_messages import SteeringSpec
+from worker.engine import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
 from worker.logprob_entries import logprob_entries
 from worker.text_stream import TextStream
 
@@ -66,3 +68,27 @@ class Choice:
         return ChoiceResult(
             self.index, self.text_stream.text, self.finish_reason, self.logprobs if self.wants_logprobs else None
         )
+
+
+def start_choice(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerFast,
+    request: GenerateRequest,
+    index: int,
+    on_output: OutputCallback,
+    steering: SteeringSpec | None,
+    priority: int = INTERACTIVE_PRIORITY,
+) -> Choice:
+    """Choice i of n runs as its own engine request; a seeded request's choice i uses seed + i. Every choice is
+    steered alike; only choice 0 is monitored, since the prompt's positions would repeat n times."""
+    engine_request_id = request.request_id if request.n == 1 else f"{request.request_id}#{index}"
+    sampling = request.sampling
+    if sampling.seed is not None and index > 0:
+        sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
+    monitor = request.monitor if index == 0 else None
+    engine_request = EngineRequest(
+        engine_request_id, request.prompt_token_ids, sampling, priority, steering=steering, monitor=monitor
+    )
+    engine.submit(engine_request, on_output)
+    text_stream = TextStream(tokenizer, request.prompt_token_ids, sampling.stop)
+    return Choice(index, engine_request_id, text_stream, wants_logprobs=sampling.logprobs is not None)

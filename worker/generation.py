@@ -21,10 +21,9 @@ from tasks.steering_messages import SteeringSpec
 from tasks.steering_store import read_profile
 from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
-from worker.choice import Choice, ChoiceDelta
-from worker.engine import Engine, EngineOutput, EngineRequest
+from worker.choice import Choice, ChoiceDelta, start_choice
+from worker.engine import Engine, EngineOutput
 from worker.steering_report import PROFILE, REQUEST, SteeringReport
-from worker.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.05
@@ -100,7 +99,7 @@ class GenerationHandler:
         choices: list[Choice] = []
         try:
             for index in range(request.n):  # started one by one, so a failed submit still cancels those before it
-                choices.append(self._start_choice(request, index, outputs, steering))
+                choices.append(start_choice(self.engine, self.tokenizer, request, index, outputs.put, steering))
             report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
             outcome = self._follow(request, choices, outputs, report)
         finally:
@@ -113,23 +112,6 @@ class GenerationHandler:
         if request.steering is not None:
             return request.steering, REQUEST
         return read_profile(self.redis, self.config), PROFILE
-
-    def _start_choice(
-        self, request: GenerateRequest, index: int, outputs: queue.Queue[EngineOutput], steering: SteeringSpec | None
-    ) -> Choice:
-        """Choice i of n runs as its own engine request; a seeded request's choice i uses seed + i. Every choice is
-        steered alike; only choice 0 is monitored, since the prompt's positions would repeat n times."""
-        engine_request_id = request.request_id if request.n == 1 else f"{request.request_id}#{index}"
-        sampling = request.sampling
-        if sampling.seed is not None and index > 0:
-            sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
-        monitor = request.monitor if index == 0 else None
-        engine_request = EngineRequest(
-            engine_request_id, request.prompt_token_ids, sampling, steering=steering, monitor=monitor
-        )
-        self.engine.submit(engine_request, outputs.put)
-        text_stream = TextStream(self.tokenizer, request.prompt_token_ids, sampling.stop)
-        return Choice(index, engine_request_id, text_stream, wants_logprobs=sampling.logprobs is not None)
 
     def _follow(
         self,

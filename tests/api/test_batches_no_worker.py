@@ -64,18 +64,19 @@ def test_invalid_lines_are_reported_with_their_line_numbers(api: tuple[Config, F
         chat_line("too-long", model, max_tokens=10**6),
         chat_line("ok-2", model),
         chat_line("two-choices", model, n=2),
+        chat_line("too-many-choices", model, n=17),
     ]
     batch = create_batch(client, lines)
-    assert batch["status"] == "in_progress" and batch["request_counts"] == {"total": 10, "completed": 0, "failed": 8}
+    assert batch["status"] == "in_progress" and batch["request_counts"] == {"total": 11, "completed": 0, "failed": 8}
     errors = {error["line"]: error for error in batch["errors"]["data"]}
-    assert sorted(errors) == [2, 3, 4, 5, 6, 7, 9, 11]
+    assert sorted(errors) == [2, 3, 4, 5, 6, 7, 9, 12]
     assert errors[2]["code"] == "invalid_json" and errors[3]["code"] == "invalid_url"
     assert errors[4]["param"] == "temperature" and errors[5]["code"] == "duplicate_custom_id"
     assert errors[6]["param"] == "stream" and errors[7]["code"] == "model_not_found"
     assert errors[9]["code"] == "context_length_exceeded"
-    assert errors[11]["param"] == "n"
+    assert errors[12]["param"] == "n"
     queued = redis.Redis.from_url(config.redis_url).llen(config.bulk_queue)
-    assert queued == 1, "two valid lines make one chunk of two"
+    assert queued == 2, "three valid lines make a chunk of two and a chunk of one"
 
 
 def test_a_batch_with_no_valid_line_fails_with_an_error_file(api: tuple[Config, FlaskClient]) -> None:

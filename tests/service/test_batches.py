@@ -92,3 +92,17 @@ def test_logprobs_in_a_batch_line_match_the_chat_endpoints_shape(stack: Stack) -
     direct = client_for(stack).chat.completions.create(**body, extra_body={"ignore_eos": True})
     assert [entry["token"] for entry in content] == [entry.token for entry in direct.choices[0].logprobs.content]  # type: ignore[union-attr]
     assert all(len(entry["top_logprobs"]) == 2 and entry["logprob"] <= 0 for entry in content)
+
+
+def test_a_line_with_n_choices_matches_the_endpoints_choices(stack: Stack) -> None:
+    body = {"model": stack.config.model_name, "prompt": "once upon a time", "max_tokens": 10, "temperature": 1.2,
+            "seed": 4, "n": 3}  # fmt: skip
+    line = {"custom_id": "three", "method": "POST", "url": "/v1/completions", "body": body}
+    batch = wait_for_end(stack, submit(stack, [line], endpoint="/v1/completions"))
+    assert batch.status == "completed", batch
+    [output] = read_jsonl(stack, batch.output_file_id)
+    choices = output["response"]["body"]["choices"]
+    direct = client_for(stack).completions.create(**body)
+    assert [choice["index"] for choice in choices] == [0, 1, 2]
+    assert [choice["text"] for choice in choices] == [choice.text for choice in direct.choices]
+    assert output["response"]["body"]["usage"]["completion_tokens"] == direct.usage.completion_tokens
