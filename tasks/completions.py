@@ -56,16 +56,14 @@ def _choice_object(endpoint: Endpoint, choice: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def choice_logprobs_of(
-    endpoint: Endpoint, entries: list[dict[str, Any]] | None, text_offset: int = 0
-) -> dict[str, Any] | None:
+def choice_logprobs_of(endpoint: Endpoint, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     """A choice's `logprobs`, from chat's `content` entries (as the worker records them): chat keeps them,
-    completions get the legacy lists, with `text_offset` counted from the first entry's position in the text."""
+    completions get the legacy lists, `text_offset` counted from the first entry (a stream chunk's, in a chunk)."""
     if entries is None:
         return None
     if endpoint == Endpoint.CHAT:
         return {"content": entries, "refusal": None}
-    offsets = []
+    offsets, text_offset = [], 0
     for entry in entries:
         offsets.append(text_offset)
         text_offset += len(entry["token"])

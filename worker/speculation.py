@@ -103,11 +103,14 @@ class Speculator:
     def propose(self, running: list[Request], max_proposal: Callable[[Request], int]) -> None:
         """Sets every running request's `spec_token_ids` for the coming step (most get none). `max_proposal` says
         how many tokens a request may propose at most: 0 when it must not speculate."""
-        is_allowed = len(running) <= self.config.max_batch_size
+        if len(running) > self.config.max_batch_size:
+            for request in running:
+                request.spec_token_ids = []
+            return
         for request in running:
             is_decoding = request.num_computed_tokens == request.num_tokens - 1
-            limit = min(max_proposal(request), self._max_model_len - request.num_tokens - 1)
-            if not (is_allowed and is_decoding and limit > 0):
+            limit = min(max_proposal(request), self._max_model_len - request.num_tokens - 1) if is_decoding else 0
+            if limit <= 0:
                 request.spec_token_ids = []
                 continue
             num_tokens = min(self._num_tokens_for(request, limit), limit)
