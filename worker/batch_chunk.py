@@ -24,6 +24,7 @@ from tasks.steering_store import read_profile
 from worker.choice import Choice, start_choice
 from worker.engine import BULK_PRIORITY, Engine, EngineOutput
 from worker.steering_report import PROFILE, REQUEST, SteeringReport
+from worker.task_runner import TaskRunner
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -76,7 +77,7 @@ class _Chunk:
     stopped_as: LineStatus | None = None
 
 
-class ChunkRunner:
+class ChunkRunner(TaskRunner):
     def __init__(
         self,
         config: Config,
@@ -87,12 +88,7 @@ class ChunkRunner:
         worker: str,
         after_chunk: Callable[[str], None],
     ) -> None:
-        self.config = config
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.redis = client
-        self.sessions = sessions
-        self.worker = worker
+        super().__init__(config, engine, tokenizer, client, sessions, worker)
         self._after_chunk = after_chunk  # closes the batch if this was its last line, and dispatches more
 
     def run(self, task: ChunkTask) -> None:

@@ -9,11 +9,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-from transformers import PreTrainedTokenizerFast
-
-from tasks.config import Config
-from tasks.db import SessionFactory
 from tasks.finish import finish_request
 from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, UsageDetails
 from tasks.models import TERMINAL_STATUSES, RequestStatus
@@ -22,8 +17,9 @@ from tasks.steering_store import read_profile
 from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
 from worker.choice import Choice, ChoiceDelta, start_choice
-from worker.engine import Engine, EngineOutput
+from worker.engine import EngineOutput
 from worker.steering_report import PROFILE, REQUEST, SteeringReport
+from worker.task_runner import TaskRunner
 
 logger = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.05
@@ -44,23 +40,7 @@ class Outcome:
         return cls([ChoiceResult(0, "", finish_reason)], 0, error)
 
 
-class GenerationHandler:
-    def __init__(
-        self,
-        config: Config,
-        engine: Engine,
-        tokenizer: PreTrainedTokenizerFast,
-        client: redis.Redis,
-        sessions: SessionFactory,
-        worker: str,
-    ) -> None:
-        self.worker = worker
-        self.config = config
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.redis = client
-        self.sessions = sessions
-
+class GenerationHandler(TaskRunner):
     def handle(self, request: GenerateRequest) -> None:
         if not self._claim(request):
             return
