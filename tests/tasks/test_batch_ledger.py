@@ -40,6 +40,7 @@ from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.messages import Endpoint, GenerateRequest, SamplingParams
 from tasks.models import Base
 from tasks.streams import RedisKeys
+from tests.batch_rows import queued_line_row
 from tests.postgres import own_database
 
 CONFIG = Config(batch_chunk_size=3, batch_chunks_in_flight=2, batch_max_attempts=2, batch_dispatch_timeout_s=60)
@@ -93,19 +94,7 @@ def _row(batch_id: str, line_no: int) -> dict:
     request = GenerateRequest(
         f"cmpl-{batch_id}-{line_no}", Endpoint.COMPLETIONS, "tiny", [1, 2, 3], SamplingParams(max_tokens=4), 0
     )
-    return {
-        "batch_id": batch_id,
-        "line_no": line_no,
-        "custom_id": f"c{line_no}",
-        "request_id": request.request_id,
-        "status": LineStatus.QUEUED.value,
-        "attempts": 0,
-        "request": request.to_dict(),
-        "prompt_tokens": 3,
-        "completion_tokens": 0,
-        "error": None,
-        "finished_at": None,
-    }
+    return queued_line_row(batch_id, line_no, request)
 
 
 def done(text: str = "ok") -> LineOutcome:

@@ -20,6 +20,7 @@ from tasks.batch_store import accept_lines, dispatch_chunks, new_sortable_id
 from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.messages import Endpoint, FinishReason, GenerateRequest, SamplingParams
+from tests.batch_rows import queued_line_row
 from worker.batch_chunk import ChunkRunner
 from worker.engine import BULK_PRIORITY, EngineOutput, EngineRequest, OutputCallback
 
@@ -128,19 +129,7 @@ def dispatch(runner: ChunkRunner, lines: list[tuple[list[int], SamplingParams]])
 
 def _row(batch_id: str, line_no: int, prompt: list[int], sampling: SamplingParams) -> dict:
     request = GenerateRequest(f"cmpl-{uuid.uuid4().hex}", Endpoint.COMPLETIONS, "tiny", prompt, sampling, 0)
-    return {
-        "batch_id": batch_id,
-        "line_no": line_no,
-        "custom_id": f"c{line_no}",
-        "request_id": request.request_id,
-        "status": LineStatus.QUEUED.value,
-        "attempts": 0,
-        "request": request.to_dict(),
-        "prompt_tokens": len(prompt),
-        "completion_tokens": 0,
-        "error": None,
-        "finished_at": None,
-    }
+    return queued_line_row(batch_id, line_no, request)
 
 
 def ledger(runner: ChunkRunner, chunk: ChunkTask) -> list[BatchLine]:
