@@ -54,7 +54,3 @@ class Batch:
     @property
     def sampling_chunks(self) -> list[ScheduledChunk]:
         return [chunk for chunk in self.chunks if chunk.is_sampling]
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks

@@ -115,10 +115,6 @@ class BlockManager:
         """Blocks freeing the request would return to the pool: those no other request holds."""
         return sum(1 for block_id in request.block_table if self._blocks[block_id].ref_count == 1)
 
-    @property
-    def hit_rate(self) -> float:
-        return self.num_hit_blocks / self.num_queried_blocks if self.num_queried_blocks else 0.0
-
     def _key(self, request: Request, index: int, parent: bytes | None) -> BlockKey:
         start = index * self.block_size
         return BlockKey(parent, tuple(request.token_ids(start, start + self.block_size)), request.steering_key)
