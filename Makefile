@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup model sae demo serve test lint
+.PHONY: setup model draft-model sae demo serve test lint
 
 setup: $(INSTALLED) model sae
 
@@ -21,6 +21,10 @@ $(INSTALLED): pyproject.toml
 
 model: $(INSTALLED)
 	$(PY) -m scripts.build_tiny_model --out models/tiny
+
+# A 1-layer model with the tiny model's tokenizer: the draft for speculative decoding (bench/speculation.py).
+draft-model: model
+	$(PY) -m scripts.build_tiny_model --out models/tiny-draft --num-layers 1 --tokenizer-from models/tiny
 
 # A small SAE for the tiny model (SAELens format), listed by default from models/saes.
 sae: model

@@ -23,6 +23,7 @@ class ModelInfo:
     tokenizer: PreTrainedTokenizerFast
     hidden_size: int = 0  # what a raw steering vector's length must be; 0: unknown
     num_layers: int = 0  # decoder layers a steering vector can name; 0: unknown
+    speculative_methods: frozenset[str] = frozenset({"ngram", "none"})  # what a request's `speculative` may name
 
 
 def load_model_info(config: Config) -> ModelInfo:
@@ -31,13 +32,25 @@ def load_model_info(config: Config) -> ModelInfo:
     max_model_len = config.max_model_len or model_config["max_position_embeddings"]
     logger.info("tokenizer of %s loaded; max_model_len=%d", config.model, max_model_len)
     text_config = model_config.get("text_config") or model_config
+    num_layers = int(text_config.get("num_hidden_layers", 0))
     return ModelInfo(
         name=config.model_name,
         max_model_len=int(max_model_len),
         tokenizer=tokenizer,
         hidden_size=int(text_config.get("hidden_size", 0)),
-        num_layers=int(text_config.get("num_hidden_layers", 0)),
+        num_layers=num_layers,
+        speculative_methods=_speculative_methods(config, num_layers),
     )
+
+
+def _speculative_methods(config: Config, num_layers: int) -> frozenset[str]:
+    """A self-draft needs a layer to leave out; a draft model, one configured (the workers share this Config)."""
+    methods = {"ngram", "none"}
+    if num_layers >= 2:
+        methods.add("self")
+    if config.speculative_draft_model:
+        methods.add("draft")
+    return frozenset(methods)
 
 
 def _read_model_config(model: str) -> dict:

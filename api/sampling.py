@@ -13,6 +13,10 @@ def sampling_params(info: ModelInfo, fields: GenerationFields, num_prompt_tokens
     max_tokens = resolve_max_tokens(info, num_prompt_tokens, fields.requested_max_tokens)
     if fields.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens ({fields.min_tokens}) exceeds max_tokens ({max_tokens})", param="min_tokens")
+    if fields.speculative and fields.speculative.method not in info.speculative_methods:
+        offered = ", ".join(sorted(info.speculative_methods))
+        message = f"speculative method {fields.speculative.method!r} is not available here; use one of {offered}"
+        raise APIError(400, message, param="speculative.method")
     vocab_size = len(info.tokenizer)
     stop_token_ids = tuple(fields.stop_token_ids or ())
     if any(not 0 <= token < vocab_size for token in stop_token_ids):

@@ -43,17 +43,10 @@ class ChatMessage(StrictModel):
 
 
 class SpeculativeBody(StrictModel):
-    """Per-request speculative decoding; greedy requests without penalties, logprobs or steering only."""
+    """Per-request speculative decoding; only requests without penalties, logprobs, a seed or steering speculate."""
 
     method: Literal["ngram", "none", "draft", "self"]
     num_tokens: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
-
-    @field_validator("method")
-    @classmethod
-    def _available(cls, method: str) -> str:
-        if method in ("draft", "self"):
-            raise ValueError(f"the {method!r} proposer is not available on this server yet; use 'ngram' or 'none'")
-        return method
 
 
 class GenerationFields(StrictModel):

@@ -2,11 +2,14 @@
 
     .venv/bin/python -m scripts.build_tiny_model --out models/tiny [--train-steps 400] [--force]
     .venv/bin/python scripts/build_tiny_model.py --out models/tiny     (the same)
+    .venv/bin/python -m scripts.build_tiny_model --out models/tiny-draft --num-layers 1 --tokenizer-from models/tiny
 
 Generates a corpus (tiny_corpus.py), trains a byte-level BPE tokenizer with Llama-3 special tokens
 and chat template, then a 4-layer Llama with GQA for a time budget on CPU. The output folder loads
-with AutoModelForCausalLM / PreTrainedTokenizerFast. A stamp (hash of these sources + arguments)
-makes a repeated run a no-op; torch and transformers are imported only when a build is needed.
+with AutoModelForCausalLM / PreTrainedTokenizerFast. With --tokenizer-from and fewer layers it builds a
+draft model for speculative decoding: the same tokenizer, trained on the same corpus. A stamp (hash of
+these sources + arguments) makes a repeated run a no-op; torch and transformers are imported only
+when a build is needed.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Steps, not seconds: the same steps give the same weights whatever else the machine is doing.
     parser.add_argument("--train-steps", type=int, default=400, help="training steps (~1 min on 2 cores); 0 = random")
     parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--tokenizer-from", type=Path, help="reuse this model folder's tokenizer (draft models)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
     return parser.parse_args(argv)
@@ -72,11 +77,21 @@ def compute_build_hash(args: argparse.Namespace) -> str:
     digest = hashlib.sha256()
     for source in (Path(__file__), Path(tiny_corpus.__file__)):
         digest.update(source.read_bytes())
-    settings = {"train_steps": args.train_steps, "vocab_size": args.vocab_size, "seed": args.seed}
+    settings = {
+        "train_steps": args.train_steps,
+        "vocab_size": args.vocab_size,
+        "seed": args.seed,
+        "num_layers": args.num_layers,
+        "tokenizer": _tokenizer_digest(args.tokenizer_from),
+    }
     # Metadata lookups, not imports: the up-to-date check must stay well under a second.
     settings |= {name: importlib.metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
     digest.update(json.dumps(settings, sort_keys=True).encode())
     return digest.hexdigest()
+
+
+def _tokenizer_digest(folder: Path | None) -> str:
+    return "" if folder is None else hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
@@ -121,7 +136,7 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
     )
 
 
-def build_model(tokenizer: Any, seed: int) -> Any:
+def build_model(tokenizer: Any, seed: int, num_layers: int) -> Any:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -130,7 +145,7 @@ def build_model(tokenizer: Any, seed: int) -> Any:
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=352,
-        num_hidden_layers=4,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
@@ -234,8 +249,13 @@ def build_into(folder: Path, args: argparse.Namespace) -> dict[str, float]:
     hf_logging.disable_progress_bar()
     conversations = tiny_corpus.build_conversations(NUM_CONVERSATIONS, args.seed)
     paragraphs = tiny_corpus.build_paragraphs(NUM_PARAGRAPHS, args.seed)
-    tokenizer = train_tokenizer(list(tiny_corpus.iter_plain_texts(conversations, paragraphs)), args.vocab_size)
-    model = build_model(tokenizer, args.seed)
+    if args.tokenizer_from is None:
+        tokenizer = train_tokenizer(list(tiny_corpus.iter_plain_texts(conversations, paragraphs)), args.vocab_size)
+    else:
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.tokenizer_from)
+    model = build_model(tokenizer, args.seed, args.num_layers)
     stats: dict[str, float] = {"steps": 0}
     if args.train_steps > 0:
         windows = pack_windows(tokenizer, render_training_texts(tokenizer, conversations, paragraphs))
@@ -251,11 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.train_steps < 0:
         raise SystemExit("--train-steps must be >= 0")
+    if args.num_layers < 1:
+        raise SystemExit("--num-layers must be >= 1")
 
     def fill(folder: Path) -> dict[str, Any]:
         stats = build_into(folder, args)
-        return {"args": {"train_steps": args.train_steps, "vocab_size": args.vocab_size, "seed": args.seed},
-                "train": stats}  # fmt: skip
+        return {"args": {"train_steps": args.train_steps, "vocab_size": args.vocab_size, "seed": args.seed,
+                         "num_layers": args.num_layers}, "train": stats}  # fmt: skip
 
     stamped_build.build_once(args.out, compute_build_hash(args), REQUIRED_FILES, fill, log, force=args.force)
     return 0

@@ -36,8 +36,12 @@ class Config:
     kv_cache_tokens: int = 0  # KV pool size; 0: from kv_cache_memory_fraction on cuda, max_num_seqs x context on cpu
     kv_cache_memory_fraction: float = 0.85  # of the device memory left free after loading the model (cuda)
     enable_prefix_caching: bool = True  # requests share the KV blocks of a common prefix (system prompts)
-    speculative_method: str = "ngram"  # prompt-lookup speculative decoding for plain greedy requests; or "none"
+    # The default proposer for requests that may speculate: "ngram" (prompt lookup), "draft" (needs
+    # speculative_draft_model), "self" (the model's own first layers) or "none"; a request may pick another.
+    speculative_method: str = "ngram"
     num_speculative_tokens: int = 4  # most tokens proposed per step
+    speculative_draft_model: str = ""  # path or hub id of a smaller model with the same tokenizer; "": no "draft"
+    spec_self_draft_layers: int = 0  # the self-draft's decoder layers; 0: half the model's
     spec_max_batch_size: int = 4  # no speculation in steps with more running requests (crossover measured on CPU)
     spec_min_acceptance: float = 0.3  # below this running acceptance rate a request proposes one token at a time
     device: str = "auto"  # auto: cuda when available, else cpu

@@ -37,7 +37,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's: subtracted per occurrence in the generated text
     min_tokens: int = 0  # EOS and stop token ids are masked until this many tokens exist
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
-    speculative_method: str | None = None  # "ngram" or "none"; None: the worker's default
+    speculative_method: str | None = None  # "ngram", "draft", "self" or "none"; None: the worker's default
     num_speculative_tokens: int | None = None  # most tokens proposed per step; None: the worker's default
 
     @property

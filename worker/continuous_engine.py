@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import torch
 
@@ -18,13 +19,14 @@ from scheduler.request import Request
 from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
+from worker.draft_models import load_proposers
 from worker.engine import EngineOutput, EngineRequest, OutputCallback
 from worker.engine_sequence import EngineSequence, Submission
 from worker.engine_stats import EngineStats
 from worker.model_runner import ModelRunner
 from worker.request_sae import RequestSAE, resolve_request_sae
 from worker.sampler import SamplingRow
-from worker.speculation import SpeculationConfig, Speculator
+from worker.speculation import Allowance, SpeculationConfig, Speculator
 from worker.step_tokens import pick_tokens
 from worker.worker_monitor import WorkerMonitor
 
@@ -65,7 +67,7 @@ class ContinuousEngine:
         self._worker_monitor: WorkerMonitor | None = None
         self._config = config
         self._stats = EngineStats()
-        self._speculator = Speculator(speculation_config(config), runner.max_model_len)
+        self._speculator = Speculator(speculation_config(config), runner.max_model_len, load_proposers(config, runner))
         self._thread = threading.Thread(target=self._run, name="continuous-engine", daemon=True)
 
     def start(self) -> None:
@@ -200,6 +202,10 @@ class ContinuousEngine:
             )
         if request.sampling.max_tokens < 1:
             return f"max_tokens must be at least 1, got {request.sampling.max_tokens}"
+        method = request.sampling.speculative_method
+        if method not in (None, "none", *self._speculator.methods):
+            offered = ", ".join(sorted(self._speculator.methods))
+            return f"speculative method {method!r} is not available on this worker (it offers {offered}, none)"
         num_needed = min(num_prompt_tokens + request.sampling.max_tokens, max_model_len)
         num_fitting = self._scheduler.max_tokens_fitting()
         if num_needed > num_fitting:
@@ -207,10 +213,13 @@ class ContinuousEngine:
         return None
 
     def _step_or_fail(self) -> None:
-        self._speculator.propose(self._scheduler.running, self._max_proposal)
+        self._speculator.propose(self._scheduler.running, self._speculation_allowance)
         batch = self._scheduler.schedule()
         try:
+            self._speculator.fill_proposals(batch)
+            started = time.perf_counter()
             self._step(batch)
+            self._speculator.record_step(time.perf_counter() - started)
         except Exception as exc:
             logger.exception("an engine step over %d requests failed", len(batch.chunks))
             for chunk in batch.chunks:  # finished in this step or not, each still owes its caller an output
@@ -246,14 +255,14 @@ class ContinuousEngine:
         is_plain = is_sampled_safely and not sampling.has_penalties and sampling.logprobs is None
         return is_plain and sequence.sae is None and request.num_output_tokens >= sampling.min_tokens
 
-    def _max_proposal(self, request: Request) -> int:
-        """The request's own speculative settings, else the worker's; 0 for rows that must not speculate."""
+    def _speculation_allowance(self, request: Request) -> Allowance:
+        """The request's own speculative settings, else the worker's; 0 tokens for rows that must not speculate."""
         sampling = self._sequences[request.request_id].request.sampling
         method = sampling.speculative_method or self._config.speculative_method
-        if method != "ngram" or not self._can_speculate(request):
-            return 0
+        if method not in self._speculator.methods or not self._can_speculate(request):
+            return Allowance(method, 0)
         num_tokens = sampling.num_speculative_tokens or self._config.num_speculative_tokens
-        return min(num_tokens, sampling.max_tokens - request.num_output_tokens - 1)
+        return Allowance(method, min(num_tokens, sampling.max_tokens - request.num_output_tokens - 1))
 
     def _sampling_row(self, request: Request) -> SamplingRow:
         sequence = self._sequences[request.request_id]

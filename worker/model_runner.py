@@ -16,7 +16,7 @@ from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
 from worker.kv_pool import KVPool, KVShape, num_pool_tokens
 from worker.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_available, register_paged_attention
-from worker.paged_step import build_paged_step
+from worker.paged_step import PagedStep, build_paged_step
 from worker.request_sae import RequestSAE
 from worker.sae_attachments import SAEAttachments
 from worker.steering_plan import build_step_plan, read_monitored
@@ -130,15 +130,21 @@ class ModelRunner:
         if plan is not None:
             self._hooks.set_step(plan)
         try:
-            output = self.model(
-                input_ids=step.input_ids,
-                position_ids=step.position_ids,
-                use_cache=False,
-                logits_to_keep=step.logits_indices,
-                paged_step=step,
-                kv_pool=self.kv_pool,
-            )
+            logits = paged_forward(self.model, step, self.kv_pool)
             results = self._hooks.take_monitor_results()
         finally:
             self._hooks.clear()
-        return StepOutput(output.logits[0].float(), read_monitored(results, slices))
+        return StepOutput(logits, read_monitored(results, slices))
+
+
+def paged_forward(model: PreTrainedModel, step: PagedStep, kv_pool: KVPool) -> torch.Tensor:
+    """The logits [S, V] (float) at the step's logits indices; our attention reads and writes `kv_pool`."""
+    output = model(
+        input_ids=step.input_ids,
+        position_ids=step.position_ids,
+        use_cache=False,
+        logits_to_keep=step.logits_indices,
+        paged_step=step,
+        kv_pool=kv_pool,
+    )
+    return output.logits[0].float()

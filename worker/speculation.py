@@ -1,12 +1,14 @@
-"""Speculative decoding by prompt lookup: propose the tokens that followed the last occurrence of the request's
-latest n-gram in its own prompt and output, verify them all in the next step's forward pass, and keep the longest
-prefix the model agrees with (greedy) or that the rejection-sampling rule keeps (sampling), plus one token of the
-model's own.
+"""Speculative decoding: a proposer guesses the tokens that follow, the next step's forward pass verifies them all,
+and the request keeps the longest prefix the model agrees with (greedy) or that the rejection-sampling rule keeps
+(sampling), plus one token of the model's own.
 
+Proposers: prompt lookup (what followed the last occurrence of the request's latest n-gram in its own prompt and
+output), and the model-based ones of `worker.draft_proposer` (a draft model, or the target's own first layers).
 Only requests without penalties, logprobs, pending min_tokens, steering, monitoring or a seed speculate: for them
 greedy output is exactly what plain decoding produces, and sampled output is distributed exactly as it would be.
-Each request's number of proposed tokens adapts to how many it has had accepted, and nothing is proposed in steps
-with more running requests than `spec_max_batch_size`, where the extra tokens would cost more than they save.
+Each request's number of proposed tokens adapts to how many it has had accepted (and, for a model proposer, to what
+a proposal costs), and nothing is proposed in steps with more running requests than `spec_max_batch_size`, where
+the extra tokens would cost more than they save.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from dataclasses import dataclass
 
 import torch
 
+from scheduler.batch import Batch
 from scheduler.request import Request
+from worker.draft_proposer import PROPOSAL_PLACEHOLDER, DraftProposer
 from worker.sampler import draw
 
 MAX_NGRAM = 3
 MIN_NGRAM = 1
 ACCEPTANCE_DECAY = 0.7  # weight of the past in a request's running acceptance rate
+TIMING_DECAY = 0.9  # weight of the past in the running seconds per engine step
+PROBE_INTERVAL = 16  # a request a model proposer does not pay for still proposes one token this often, to re-measure
 
 
 def propose_ngram(token_ids: Sequence[int], num_tokens: int) -> list[int]:
@@ -78,9 +84,30 @@ def verify_sampled(
     return [*accepted, int(draw(probs[len(proposed)][None], [generator])[0])]
 
 
+def most_rewarding_length(rate: float, cost_per_token: float, limit: int) -> int:
+    """The number of proposed tokens k in 0..limit that yields the most tokens per unit of time: Leviathan et al.'s
+    expected tokens per step at acceptance rate a, (1 - a^(k+1)) / (1 - a), over the step's cost with k proposals,
+    1 + k * cost_per_token (in steps). 0 when no proposal pays."""
+
+    def tokens_per_cost(k: int) -> float:
+        expected = k + 1 if rate >= 1 else (1 - rate ** (k + 1)) / (1 - rate)
+        return expected / (1 + k * cost_per_token)
+
+    return max(range(limit + 1), key=tokens_per_cost)
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What a request may propose in the coming step."""
+
+    method: str  # "ngram", "draft" or "self"
+    max_tokens: int  # 0: it must not speculate
+
+
 @dataclass
 class _Acceptance:
     rate: float = 1.0  # running fraction of proposed tokens accepted; optimistic until measured
+    num_idle_steps: int = 0  # decoding steps since a model proposer last proposed for the request
 
 
 @dataclass(frozen=True)
@@ -90,31 +117,60 @@ class SpeculationConfig:
 
 
 class Speculator:
-    """The engine thread's proposer and per-request policy; `is_eligible` says which requests may speculate."""
+    """The engine thread's proposers and per-request policy. `propose` decides, before the step is scheduled, how
+    many tokens each request proposes (prompt lookup fills them in at once); `fill_proposals`, once the scheduler
+    has given them KV slots, runs the model proposers over the scheduled ones."""
 
-    def __init__(self, config: SpeculationConfig, max_model_len: int) -> None:
+    def __init__(
+        self, config: SpeculationConfig, max_model_len: int, proposers: dict[str, DraftProposer] | None = None
+    ) -> None:
         self.config = config
         self._max_model_len = max_model_len
+        self._proposers = proposers or {}
         self._acceptance: dict[str, _Acceptance] = {}
+        self._model_methods: dict[str, str] = {}  # this step's placeholders: request id -> the proposer to fill them
+        self.seconds_per_step = 0.0  # running mean of the engine's steps; 0 until measured
         self.num_proposed_tokens = 0
         self.num_accepted_tokens = 0
         self.num_verifications = 0
 
-    def propose(self, running: list[Request], max_proposal: Callable[[Request], int]) -> None:
-        """Sets every running request's `spec_token_ids` for the coming step (most get none). `max_proposal` says
-        how many tokens a request may propose at most: 0 when it must not speculate."""
+    @property
+    def methods(self) -> frozenset[str]:
+        return frozenset({"ngram", *self._proposers})
+
+    def propose(self, running: list[Request], allowance: Callable[[Request], Allowance]) -> None:
+        """Sets every running request's `spec_token_ids` for the coming step (most get none)."""
+        self._model_methods = {}
         if len(running) > self.config.max_batch_size:
             for request in running:
                 request.spec_token_ids = []
             return
         for request in running:
+            allowed = allowance(request)
             is_decoding = request.num_computed_tokens == request.num_tokens - 1
-            limit = min(max_proposal(request), self._max_model_len - request.num_tokens - 1) if is_decoding else 0
+            limit = min(allowed.max_tokens, self._max_model_len - request.num_tokens - 1) if is_decoding else 0
             if limit <= 0:
                 request.spec_token_ids = []
-                continue
-            num_tokens = min(self._num_tokens_for(request, limit), limit)
-            request.spec_token_ids = propose_ngram(request.prompt_token_ids + request.output_token_ids, num_tokens)
+            elif allowed.method == "ngram":
+                num_tokens = min(self._num_tokens_for(request, limit), limit)
+                request.spec_token_ids = propose_ngram(request.prompt_token_ids + request.output_token_ids, num_tokens)
+            else:
+                num_tokens = self._num_model_tokens(request, self._proposers[allowed.method], limit)
+                request.spec_token_ids = [PROPOSAL_PLACEHOLDER] * num_tokens
+                self._model_methods[request.request_id] = allowed.method
+
+    def fill_proposals(self, batch: Batch) -> None:
+        """Runs the model proposers for the scheduled chunks whose placeholders the scheduler kept."""
+        for request in batch.preempted:  # their blocks, and so any draft K/V in them, are gone
+            self._forget_draft(request.request_id)
+        for method, proposer in self._proposers.items():
+            chunks = [
+                chunk
+                for chunk in batch.sampling_chunks
+                if chunk.num_spec_tokens and self._model_methods.get(chunk.request.request_id) == method
+            ]
+            if chunks:
+                proposer.fill(chunks)
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         acceptance = self._acceptance.setdefault(request_id, _Acceptance())
@@ -123,11 +179,36 @@ class Speculator:
         self.num_accepted_tokens += num_accepted
         self.num_verifications += 1
 
+    def record_step(self, seconds: float) -> None:
+        if self.seconds_per_step == 0.0:
+            self.seconds_per_step = seconds
+        else:
+            self.seconds_per_step = TIMING_DECAY * self.seconds_per_step + (1 - TIMING_DECAY) * seconds
+
     def forget(self, request_id: str) -> None:
         self._acceptance.pop(request_id, None)
+        self._forget_draft(request_id)
+
+    def _forget_draft(self, request_id: str) -> None:
+        for proposer in self._proposers.values():
+            proposer.forget(request_id)
 
     def _num_tokens_for(self, request: Request, limit: int) -> int:
         rate = self._acceptance.get(request.request_id, _Acceptance()).rate
         if rate < self.config.min_acceptance:
             return 1
         return max(1, round(limit * rate))
+
+    def _num_model_tokens(self, request: Request, proposer: DraftProposer, limit: int) -> int:
+        """The length that pays best at the request's acceptance rate and the proposer's measured cost per token
+        (a pass, in engine steps); when none pays, one token every PROBE_INTERVAL steps keeps the rate current."""
+        acceptance = self._acceptance.setdefault(request.request_id, _Acceptance())
+        cost = proposer.seconds_per_pass / self.seconds_per_step if self.seconds_per_step else 0.0
+        num_tokens = most_rewarding_length(acceptance.rate, cost, limit)
+        if num_tokens == 0:
+            acceptance.num_idle_steps += 1
+            if acceptance.num_idle_steps < PROBE_INTERVAL:
+                return 0
+            num_tokens = 1
+        acceptance.num_idle_steps = 0
+        return num_tokens

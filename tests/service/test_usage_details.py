@@ -46,3 +46,15 @@ def test_a_request_can_turn_speculation_off(stack: Stack) -> None:
     assert off.choices[0].text == default.choices[0].text
     off_details = off.usage.completion_tokens_details
     assert off_details.accepted_prediction_tokens == off_details.rejected_prediction_tokens == 0
+
+
+def test_a_request_can_pick_the_self_draft_proposer(stack: Stack) -> None:
+    client = client_for(stack)
+    base = {"model": stack.config.model_name, "prompt": "once upon a time", "max_tokens": 24, "temperature": 0}
+    plain = client.completions.create(**base, extra_body={"ignore_eos": True, "speculative": {"method": "none"}})
+    drafted = client.completions.create(
+        **base, extra_body={"ignore_eos": True, "speculative": {"method": "self", "num_tokens": 3}}
+    )
+    assert drafted.choices[0].text == plain.choices[0].text
+    details = drafted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0

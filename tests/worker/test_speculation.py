@@ -16,9 +16,17 @@ from tasks.messages import SamplingParams
 from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
 from worker.engine import EngineRequest
 from worker.model_runner import ModelRunner
-from worker.speculation import SpeculationConfig, Speculator, propose_ngram, verify_greedy, verify_sampled
+from worker.speculation import (
+    Allowance,
+    SpeculationConfig,
+    Speculator,
+    propose_ngram,
+    verify_greedy,
+    verify_sampled,
+)
 
 SPEC = SpeculationConfig(max_batch_size=2, min_acceptance=0.3)
+NGRAM_4 = Allowance("ngram", 4)
 
 
 @pytest.mark.parametrize(
@@ -54,22 +62,24 @@ def running_request(request_id: str, tokens: list[int]) -> Request:
 def test_the_proposal_length_follows_acceptance_and_stops_at_large_batches() -> None:
     speculator = Speculator(SPEC, max_model_len=1000)
     good, bad = running_request("good", [1, 2, 3, 4, 5, 1, 2]), running_request("bad", [1, 2, 3, 4, 5, 1, 2])
-    speculator.propose([good, bad], lambda _: 4)
+    speculator.propose([good, bad], lambda _: NGRAM_4)
     assert good.spec_token_ids == bad.spec_token_ids == [3, 4, 5, 1]
     for _ in range(5):
         speculator.record("good", 4, 4)
         speculator.record("bad", 4, 0)
-    speculator.propose([good, bad], lambda _: 4)
+    speculator.propose([good, bad], lambda _: NGRAM_4)
     assert len(good.spec_token_ids) == 4 and len(bad.spec_token_ids) == 1
     third = running_request("third", [1, 2, 1])
-    speculator.propose([good, bad, third], lambda _: 4)
+    speculator.propose([good, bad, third], lambda _: NGRAM_4)
     assert good.spec_token_ids == bad.spec_token_ids == third.spec_token_ids == []
 
 
 def test_proposals_stay_within_the_engines_limit_and_the_context() -> None:
     speculator = Speculator(SPEC, max_model_len=7)
     near_end, ineligible = running_request("near-end", [1, 2, 3, 1, 2]), running_request("steered", [1, 2, 1])
-    speculator.propose([near_end, ineligible], lambda r: 0 if r.request_id == "steered" else 4)
+    speculator.propose(
+        [near_end, ineligible], lambda r: Allowance("ngram", 0) if r.request_id == "steered" else NGRAM_4
+    )
     assert near_end.spec_token_ids == [3]  # 5 tokens + 1 proposed + the model's own = the context of 7
     assert ineligible.spec_token_ids == []
 

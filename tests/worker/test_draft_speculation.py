@@ -1,0 +1,150 @@
+"""Model-based speculative decoding (a draft model, and the target's own first layers): greedy output token-identical
+to no speculation, alone, beside rows that do not speculate, and through preemption; and the length policy."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from tasks.config import Config
+from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
+from tests.worker.test_engine_batching import random_prompts, submit_staggered
+from tests.worker.test_speculation import grounded_prompt
+from worker.draft_models import truncated_model
+from worker.engine import EngineRequest
+from worker.model_runner import ModelRunner
+from worker.speculation import most_rewarding_length
+
+
+@pytest.fixture(scope="module")
+def random_draft_dir(tmp_path_factory: pytest.TempPathFactory, reference_model: PreTrainedModel) -> Path:
+    """A 1-layer model with the target's vocabulary and random weights: it proposes, and is mostly rejected."""
+    target = reference_model.config
+    config = LlamaConfig(
+        vocab_size=target.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=target.max_position_embeddings,
+    )
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("random-draft")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def draft_configs(tiny_config: Config, random_draft_dir: Path) -> dict[str, Config]:
+    return {
+        "self": dataclasses.replace(tiny_config, speculative_method="self"),
+        "random-draft": dataclasses.replace(
+            tiny_config, speculative_method="draft", speculative_draft_model=str(random_draft_dir)
+        ),
+        # the target as its own draft: every proposal is accepted
+        "target-as-draft": dataclasses.replace(
+            tiny_config, speculative_method="draft", speculative_draft_model=tiny_config.model
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", ["self", "random-draft", "target-as-draft"])
+def test_greedy_output_is_identical_with_a_model_proposer(
+    name: str,
+    endless_runner: ModelRunner,
+    tiny_config: Config,
+    random_draft_dir: Path,
+    reference_model: PreTrainedModel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = dataclasses.replace(draft_configs(tiny_config, random_draft_dir)[name], spec_max_batch_size=8)
+    serving = serve(endless_runner, config, caplog)
+    engine = next(serving)
+    alone = grounded_prompt(0)
+    assert run(engine, "alone", alone, greedy(30)).token_ids == hf_greedy(reference_model, frozenset(), alone, 30)
+    prompts = [grounded_prompt(i) for i in range(1, 4)] + random_prompts(2, seed=5, lengths=(3, 40))
+    requests = [EngineRequest(f"mixed-{i}", p, greedy(24)) for i, p in enumerate(prompts)]
+    logprobs_row = dataclasses.replace(greedy(24), logprobs=1)  # never speculates, shares the steps
+    requests.append(EngineRequest("with-logprobs", prompts[0], logprobs_row))
+    collectors = submit_together(engine, requests)
+    for prompt, collector in zip([*prompts, prompts[0]], collectors, strict=True):
+        assert collector.token_ids == hf_greedy(reference_model, frozenset(), prompt, 24)
+    stats = engine.stats
+    assert stats.num_proposed_tokens > 0
+    if name == "target-as-draft":
+        assert stats.num_accepted_tokens == stats.num_proposed_tokens
+    next(serving, None)
+
+
+def test_a_draft_model_survives_preemption(
+    endless_runner: ModelRunner,
+    tiny_config: Config,
+    reference_model: PreTrainedModel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Preempted requests lose their blocks, and with them their draft K/V: the draft recomputes, output is exact."""
+    config = dataclasses.replace(
+        tiny_config,
+        kv_cache_tokens=12 * 16,
+        speculative_method="draft",
+        speculative_draft_model=tiny_config.model,
+        spec_max_batch_size=8,
+    )
+    runner = ModelRunner(config)
+    runner.eos_token_ids = endless_runner.eos_token_ids
+    serving = serve(runner, config, caplog)
+    engine = next(serving)
+    prompts = random_prompts(6, seed=2, lengths=(20, 40))
+    requests = [EngineRequest(f"preempted-{i}", prompt, greedy(24)) for i, prompt in enumerate(prompts)]
+    collectors = submit_staggered(engine, requests, max_gap_s=0.0)
+    for prompt, collector in zip(prompts, collectors, strict=True):
+        assert collector.token_ids == hf_greedy(reference_model, frozenset(), prompt, 24)
+    stats = engine.stats
+    assert stats.num_preemptions > 0 and stats.num_proposed_tokens > 0
+    assert stats.num_accepted_tokens == stats.num_proposed_tokens
+    next(serving, None)
+
+
+def test_a_request_may_ask_for_another_proposer_and_an_absent_one_is_refused(
+    endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    serving = serve(endless_runner, dataclasses.replace(tiny_config, speculative_method="none"), caplog)
+    engine = next(serving)
+    prompt = grounded_prompt(4)
+    plain = run(engine, "plain", prompt, greedy(16)).token_ids
+    asking = dataclasses.replace(greedy(16), speculative_method="self", num_speculative_tokens=2)
+    assert run(engine, "self", prompt, asking).token_ids == plain
+    assert 0 < engine.stats.num_proposed_tokens <= 2 * engine.stats.num_verifications
+    refused = run(engine, "draft", prompt, dataclasses.replace(greedy(16), speculative_method="draft")).outputs[-1]
+    assert refused.is_request_error and "not available" in refused.error
+    next(serving, None)
+
+
+def test_the_truncated_model_is_the_targets_first_layers(reference_model: PreTrainedModel) -> None:
+    truncated = truncated_model(reference_model, 2)
+    assert len(truncated.model.layers) == 2 and len(reference_model.model.layers) == 4
+    assert truncated.lm_head is reference_model.lm_head and truncated.model.layers[1] is reference_model.model.layers[1]
+    input_ids = torch.tensor([[5, 6, 7, 8]])
+    hidden = reference_model(input_ids, output_hidden_states=True).hidden_states[2]  # after 2 layers
+    expected = reference_model.lm_head(reference_model.model.norm(hidden))
+    torch.testing.assert_close(truncated(input_ids).logits, expected)
+
+
+@pytest.mark.parametrize(
+    ("rate", "cost", "limit", "expected"),
+    [
+        (1.0, 0.0, 4, 4),  # free and always right: propose all
+        (0.9, 0.1, 4, 4),
+        (0.6, 0.5, 4, 1),  # one: 1.6 / 1.5 tokens per step's cost; two: 1.96 / 2.0
+        (0.5, 0.5, 4, 0),  # one token's 1.5 / 1.5 only ties with none
+        (0.2, 0.5, 4, 0),  # does not pay: none
+        (0.8, 0.3, 4, 3),
+        (0.9, 0.1, 0, 0),
+    ],
+)
+def test_the_proposal_length_maximizes_tokens_per_cost(rate: float, cost: float, limit: int, expected: int) -> None:
+    assert most_rewarding_length(rate, cost, limit) == expected
