@@ -1,12 +1,17 @@
-"""Speculative decoding benchmark (issue 4): prompt lookup against no speculation, at batch 1, 4 and 8, on an
-input-grounded workload (an opening, the text the model writes after it, and the opening again: what the request
+"""Speculative decoding benchmark (issue 4): each proposer (prompt lookup, a draft model, the model's own first
+layers) against no speculation, at batch 1, 4 and 8, on an input-grounded workload (an opening, the text the model writes after it, and the opening again: what the request
 generates is in its input) and an open-ended one (the opening alone), 64 tokens each, greedy with EOS ignored.
 
 Per cell: output tokens/s (median of alternating runs), the ratio to no speculation, the acceptance rate a (accepted
 / proposed), mean tokens per verifying step (accepted / verifications + 1), and the tokens per step Leviathan et
 al.'s formula predicts for k proposed tokens at that rate, (1 - a^(k+1)) / (1 - a).
 
-    .venv/bin/python -m bench.speculation --model models/tiny [--threads N] [--repeats 3]
+    make draft-model   # models/tiny-draft: 1 layer, the tiny model's tokenizer and corpus
+    .venv/bin/python -m bench.speculation --model models/tiny --draft-model models/tiny-draft [--threads N]
+        [--repeats 3] [--methods none,ngram,draft,self] [--max-batch-size N]
+
+Every method runs with the worker's defaults (SPEC_MAX_BATCH_SIZE included) unless --max-batch-size overrides the
+batch size above which nothing is proposed.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-tokens", type=int, default=4, help="proposed tokens per step")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--draft-model", default="models/tiny-draft")
+    parser.add_argument("--methods", default="none,ngram,draft,self", help="comma-separated; none is always run")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="SPEC_MAX_BATCH_SIZE (default: Config's)")
     return parser.parse_args(argv)
 
 
@@ -107,9 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         num_speculative_tokens=args.num_tokens,
         cpu_threads=args.threads,
+        speculative_draft_model=args.draft_model,
     )
+    if args.max_batch_size is not None:
+        base = dataclasses.replace(base, spec_max_batch_size=args.max_batch_size)
     runner = ModelRunner(base)
-    methods = {"none": dataclasses.replace(base, speculative_method="none"), "ngram": base}
+    names = ["none", *(name for name in args.methods.split(",") if name != "none")]
+    methods = {name: dataclasses.replace(base, speculative_method=name) for name in names}
     cells: dict[tuple[str, int, str], Cell] = {}
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
     reference = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -135,7 +147,8 @@ def report(args: argparse.Namespace, machine: str, cells: dict[tuple[str, int, s
         "",
         f"grounded: an opening, the model's own continuation, the opening again; open: the opening alone; "
         f"{OPEN_LEN} output tokens; "
-        f"k = {k}; medians of {args.repeats} alternating runs",
+        f"k = {k} (the most; it adapts per request); no proposals above batch "
+        f"{args.max_batch_size or Config().spec_max_batch_size}; medians of {args.repeats} alternating runs",
         "",
         "| workload | batch | method | output tok/s | x none | acceptance a | tokens / verifying step | formula |",
         "|---|---|---|---|---|---|---|---|",

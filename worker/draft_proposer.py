@@ -17,12 +17,12 @@ from transformers import PreTrainedModel
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
+from worker.draft_policy import TIMING_DECAY, running_mean
 from worker.kv_pool import KVPool
 from worker.model_runner import paged_forward
 from worker.paged_step import build_paged_step
 
 PROPOSAL_PLACEHOLDER = 0  # stands for a proposed token between scheduling and the proposer's passes
-TIMING_DECAY = 0.9  # weight of the past in the running seconds per pass
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class DraftProposer:
     def __init__(self, method: str, draft: DraftModel) -> None:
         self.method = method
         self.draft = draft
-        self.seconds_per_pass = 0.0  # running mean; 0 until measured
+        self.seconds_per_pass = 0.0  # running mean of passes after the first; 0 until measured
         self._num_computed: dict[str, int] = {}  # own pool only: tokens whose draft K/V are in the blocks
 
     def fill(self, chunks: list[ScheduledChunk]) -> None:
@@ -51,7 +51,8 @@ class DraftProposer:
             requests = [chunk.request for chunk in chunks if chunk.num_spec_tokens > depth]
             started = time.perf_counter()
             tokens = self._propose_next([self._pass_chunk(request, depth) for request in requests])
-            self._record_pass(time.perf_counter() - started)
+            if depth > 0:  # the first pass also catches up on whatever the draft has not seen: not a proposal's cost
+                self.seconds_per_pass = running_mean(self.seconds_per_pass, time.perf_counter() - started, TIMING_DECAY)
             for request, token in zip(requests, tokens, strict=True):
                 request.spec_token_ids[depth] = token
         if not self.draft.shares_target_pool:
@@ -79,9 +80,3 @@ class DraftProposer:
         draft = self.draft
         step = build_paged_step(Batch(chunks), draft.kv_pool.block_size, draft.device, for_flash=draft.is_flash)
         return paged_forward(draft.model, step, draft.kv_pool).argmax(dim=-1).tolist()
-
-    def _record_pass(self, seconds: float) -> None:
-        if self.seconds_per_pass == 0.0:
-            self.seconds_per_pass = seconds
-        else:
-            self.seconds_per_pass = TIMING_DECAY * self.seconds_per_pass + (1 - TIMING_DECAY) * seconds

@@ -21,14 +21,13 @@ import torch
 
 from scheduler.batch import Batch
 from scheduler.request import Request
+from worker.draft_policy import DraftPolicy, StepCost, StepTimer
 from worker.draft_proposer import PROPOSAL_PLACEHOLDER, DraftProposer
 from worker.sampler import draw
 
 MAX_NGRAM = 3
 MIN_NGRAM = 1
 ACCEPTANCE_DECAY = 0.7  # weight of the past in a request's running acceptance rate
-TIMING_DECAY = 0.9  # weight of the past in the running seconds per engine step
-PROBE_INTERVAL = 16  # a request a model proposer does not pay for still proposes one token this often, to re-measure
 
 
 def propose_ngram(token_ids: Sequence[int], num_tokens: int) -> list[int]:
@@ -84,18 +83,6 @@ def verify_sampled(
     return [*accepted, int(draw(probs[len(proposed)][None], [generator])[0])]
 
 
-def most_rewarding_length(rate: float, cost_per_token: float, limit: int) -> int:
-    """The number of proposed tokens k in 0..limit that yields the most tokens per unit of time: Leviathan et al.'s
-    expected tokens per step at acceptance rate a, (1 - a^(k+1)) / (1 - a), over the step's cost with k proposals,
-    1 + k * cost_per_token (in steps). 0 when no proposal pays."""
-
-    def tokens_per_cost(k: int) -> float:
-        expected = k + 1 if rate >= 1 else (1 - rate ** (k + 1)) / (1 - rate)
-        return expected / (1 + k * cost_per_token)
-
-    return max(range(limit + 1), key=tokens_per_cost)
-
-
 @dataclass(frozen=True)
 class Allowance:
     """What a request may propose in the coming step."""
@@ -107,7 +94,7 @@ class Allowance:
 @dataclass
 class _Acceptance:
     rate: float = 1.0  # running fraction of proposed tokens accepted; optimistic until measured
-    num_idle_steps: int = 0  # decoding steps since a model proposer last proposed for the request
+    method: str = "ngram"  # the proposer it was measured for
 
 
 @dataclass(frozen=True)
@@ -117,9 +104,10 @@ class SpeculationConfig:
 
 
 class Speculator:
-    """The engine thread's proposers and per-request policy. `propose` decides, before the step is scheduled, how
-    many tokens each request proposes (prompt lookup fills them in at once); `fill_proposals`, once the scheduler
-    has given them KV slots, runs the model proposers over the scheduled ones."""
+    """The engine thread's proposers and their policy. `propose` decides, before the step is scheduled, how many
+    tokens each request proposes (prompt lookup fills them in at once; a request's length follows its acceptance
+    rate); `fill_proposals`, once the scheduler has given them KV slots, runs the model proposers, whose length is
+    the step's (`worker.draft_policy`)."""
 
     def __init__(
         self, config: SpeculationConfig, max_model_len: int, proposers: dict[str, DraftProposer] | None = None
@@ -127,9 +115,10 @@ class Speculator:
         self.config = config
         self._max_model_len = max_model_len
         self._proposers = proposers or {}
+        self._policies = {method: DraftPolicy() for method in self._proposers}
         self._acceptance: dict[str, _Acceptance] = {}
         self._model_methods: dict[str, str] = {}  # this step's placeholders: request id -> the proposer to fill them
-        self.seconds_per_step = 0.0  # running mean of the engine's steps; 0 until measured
+        self.step_timer = StepTimer()
         self.num_proposed_tokens = 0
         self.num_accepted_tokens = 0
         self.num_verifications = 0
@@ -145,19 +134,20 @@ class Speculator:
             for request in running:
                 request.spec_token_ids = []
             return
+        model_rows: dict[str, list[tuple[Request, int]]] = {method: [] for method in self._proposers}
         for request in running:
             allowed = allowance(request)
             is_decoding = request.num_computed_tokens == request.num_tokens - 1
             limit = min(allowed.max_tokens, self._max_model_len - request.num_tokens - 1) if is_decoding else 0
-            if limit <= 0:
-                request.spec_token_ids = []
-            elif allowed.method == "ngram":
+            request.spec_token_ids = []
+            if limit > 0 and allowed.method == "ngram":
                 num_tokens = min(self._num_tokens_for(request, limit), limit)
                 request.spec_token_ids = propose_ngram(request.prompt_token_ids + request.output_token_ids, num_tokens)
-            else:
-                num_tokens = self._num_model_tokens(request, self._proposers[allowed.method], limit)
-                request.spec_token_ids = [PROPOSAL_PLACEHOLDER] * num_tokens
-                self._model_methods[request.request_id] = allowed.method
+            elif limit > 0:
+                model_rows[allowed.method].append((request, limit))
+        for method, rows in model_rows.items():
+            if rows:
+                self._propose_placeholders(method, rows, len(running))
 
     def fill_proposals(self, batch: Batch) -> None:
         """Runs the model proposers for the scheduled chunks whose placeholders the scheduler kept."""
@@ -175,15 +165,11 @@ class Speculator:
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         acceptance = self._acceptance.setdefault(request_id, _Acceptance())
         acceptance.rate = ACCEPTANCE_DECAY * acceptance.rate + (1 - ACCEPTANCE_DECAY) * num_accepted / num_proposed
+        if acceptance.method in self._policies:
+            self._policies[acceptance.method].record(num_proposed, num_accepted)
         self.num_proposed_tokens += num_proposed
         self.num_accepted_tokens += num_accepted
         self.num_verifications += 1
-
-    def record_step(self, seconds: float) -> None:
-        if self.seconds_per_step == 0.0:
-            self.seconds_per_step = seconds
-        else:
-            self.seconds_per_step = TIMING_DECAY * self.seconds_per_step + (1 - TIMING_DECAY) * seconds
 
     def forget(self, request_id: str) -> None:
         self._acceptance.pop(request_id, None)
@@ -199,16 +185,22 @@ class Speculator:
             return 1
         return max(1, round(limit * rate))
 
-    def _num_model_tokens(self, request: Request, proposer: DraftProposer, limit: int) -> int:
-        """The length that pays best at the request's acceptance rate and the proposer's measured cost per token
-        (a pass, in engine steps); when none pays, one token every PROBE_INTERVAL steps keeps the rate current."""
-        acceptance = self._acceptance.setdefault(request.request_id, _Acceptance())
-        cost = proposer.seconds_per_pass / self.seconds_per_step if self.seconds_per_step else 0.0
-        num_tokens = most_rewarding_length(acceptance.rate, cost, limit)
+    def _propose_placeholders(self, method: str, rows: list[tuple[Request, int]], num_running: int) -> None:
+        """Placeholders for the proposer's rows, as many as pay off for the step as a whole."""
+        policy = self._policies[method]
+        acceptances = []
+        for request, _ in rows:
+            acceptance = self._acceptance.get(request.request_id)
+            if acceptance is None or acceptance.method != method:  # new to this proposer: start from its record
+                acceptance = self._acceptance[request.request_id] = _Acceptance(policy.prior_rate, method)
+            acceptances.append(acceptance)
+        timer = self.step_timer
+        cost = StepCost(timer.plain_s, self._proposers[method].seconds_per_pass, timer.verify_token_s)
+        rates = [acceptance.rate for acceptance in acceptances]
+        num_tokens = policy.length(rates, [limit for _, limit in rows], num_running, cost)
         if num_tokens == 0:
-            acceptance.num_idle_steps += 1
-            if acceptance.num_idle_steps < PROBE_INTERVAL:
-                return 0
-            num_tokens = 1
-        acceptance.num_idle_steps = 0
-        return num_tokens
+            for acceptance in acceptances:  # unproposing rows learn nothing: let an old streak fade
+                acceptance.rate = policy.aged(acceptance.rate)
+        for request, limit in rows if num_tokens else ():
+            request.spec_token_ids = [PROPOSAL_PLACEHOLDER] * min(num_tokens, limit)
+            self._model_methods[request.request_id] = method

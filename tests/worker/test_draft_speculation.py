@@ -15,9 +15,9 @@ from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_to
 from tests.worker.test_engine_batching import random_prompts, submit_staggered
 from tests.worker.test_speculation import grounded_prompt
 from worker.draft_models import truncated_model
+from worker.draft_policy import PROBE_INTERVAL, DraftPolicy, StepCost, most_rewarding_length
 from worker.engine import EngineRequest
 from worker.model_runner import ModelRunner
-from worker.speculation import most_rewarding_length
 
 
 @pytest.fixture(scope="module")
@@ -134,17 +134,52 @@ def test_the_truncated_model_is_the_targets_first_layers(reference_model: PreTra
     torch.testing.assert_close(truncated(input_ids).logits, expected)
 
 
+# a pass costs `pass_s` of a plain step (1.0); each verified proposal `verify_token_s`
 @pytest.mark.parametrize(
-    ("rate", "cost", "limit", "expected"),
+    ("rates", "limits", "num_rows", "pass_s", "expected"),
     [
-        (1.0, 0.0, 4, 4),  # free and always right: propose all
-        (0.9, 0.1, 4, 4),
-        (0.6, 0.5, 4, 1),  # one: 1.6 / 1.5 tokens per step's cost; two: 1.96 / 2.0
-        (0.5, 0.5, 4, 0),  # one token's 1.5 / 1.5 only ties with none
-        (0.2, 0.5, 4, 0),  # does not pay: none
-        (0.8, 0.3, 4, 3),
-        (0.9, 0.1, 0, 0),
+        ([1.0], [4], 1, 0.0, 4),  # free and always right: propose all
+        ([0.9], [4], 1, 0.1, 4),
+        ([0.6], [4], 1, 0.5, 1),  # one: 1.6 tokens for 1.5 steps; two: 1.96 for 2.0
+        ([0.5], [4], 1, 0.5, 0),  # one token's 1.5 for 1.5 only ties with none
+        ([0.8], [4], 1, 0.3, 3),
+        ([0.9], [0], 1, 0.1, 0),
+        ([0.6], [4], 4, 0.5, 0),  # the same row beside three that wait for the pass: it no longer pays
+        ([0.6] * 4, [4] * 4, 4, 0.5, 1),  # four rows that all share the pass pay as one alone does
+        ([0.9, 0.9], [1, 4], 2, 0.1, 4),  # a row's own limit caps only its own proposals
     ],
 )
-def test_the_proposal_length_maximizes_tokens_per_cost(rate: float, cost: float, limit: int, expected: int) -> None:
-    assert most_rewarding_length(rate, cost, limit) == expected
+def test_the_proposal_length_maximizes_tokens_per_second(
+    rates: list[float], limits: list[int], num_rows: int, pass_s: float, expected: int
+) -> None:
+    cost = StepCost(plain_s=1.0, pass_s=pass_s, verify_token_s=0.0)
+    assert most_rewarding_length(rates, limits, num_rows, cost) == expected
+
+
+def test_verified_tokens_add_to_the_cost() -> None:
+    free = StepCost(plain_s=1.0, pass_s=0.0, verify_token_s=0.0)
+    costly = StepCost(plain_s=1.0, pass_s=0.0, verify_token_s=0.5)
+    assert most_rewarding_length([0.5], [4], 1, free) == 4
+    assert most_rewarding_length([0.5], [4], 1, costly) == 0
+
+
+def test_a_proposer_that_does_not_pay_probes_now_and_then() -> None:
+    policy = DraftPolicy()
+    costly = StepCost(plain_s=1.0, pass_s=2.0, verify_token_s=0.0)
+    lengths = [policy.length([0.3], [4], 1, costly) for _ in range(7 * PROBE_INTERVAL)]
+    probes = [step for step, length in enumerate(lengths) if length]
+    assert probes == [PROBE_INTERVAL - 1, 3 * PROBE_INTERVAL - 1, 7 * PROBE_INTERVAL - 1]  # ever less often
+    assert set(lengths) == {0, 1}
+    policy.record(4, 1)
+    assert policy.prior_rate == pytest.approx(0.7 + 0.3 * 0.25)
+    assert policy.aged(0.0) == pytest.approx(0.1 * policy.prior_rate)  # a bad streak fades toward the prior
+
+
+def test_a_proposer_waits_for_a_timed_plain_step_and_then_retimes_one_now_and_then() -> None:
+    untimed, cheap = StepCost(0.0, 0.1, 0.0), StepCost(1.0, 0.1, 0.0)
+    policy = DraftPolicy()
+    assert policy.length([1.0], [4], 1, untimed) == 0
+    lengths = [policy.length([1.0], [4], 1, cheap) for _ in range(2 * (PROBE_INTERVAL + 1))]
+    assert lengths.count(0) == 2 and lengths[PROBE_INTERVAL] == 0 and set(lengths) == {0, 4}
+    starved = DraftPolicy()  # other proposals keep every step from being plain: it goes ahead untimed
+    assert [starved.length([1.0], [4], 1, untimed) for _ in range(PROBE_INTERVAL + 1)][-1] == 4

@@ -1,0 +1,111 @@
+"""When a model proposer pays, and how many tokens it proposes.
+
+A proposer's pass holds up the whole step, so the choice is the step's: the number of proposed tokens k that gives
+the most expected tokens per second for every running row, from each speculating row's acceptance rate (Leviathan
+et al.'s expected tokens per step) and the measured seconds of a plain step, of a proposer pass, and of each
+proposed token the step verifies, timed over steps that only decode. When no k pays, the proposer is off, but
+proposes one token now and then so the rates it decides by stay current: after PROBE_INTERVAL steps, then after
+twice as many each time the probe did not pay, up to MAX_PROBE_INTERVAL. While it is on, it stays out of one step in
+PROBE_INTERVAL so that the plain step's time stays current too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PROBE_INTERVAL = 16
+MAX_PROBE_INTERVAL = 256
+TIMING_DECAY = 0.9  # weight of the past in running means of seconds
+PRIOR_DECAY = 0.7  # weight of the past in a proposer's acceptance rate over all requests
+AGING = 0.9  # per step without proposals, a request's rate moves this much less than all the way to the prior
+
+
+def running_mean(mean: float, value: float, decay: float) -> float:
+    """An exponential running mean that takes its first value whole (0 means "not measured yet")."""
+    return value if mean == 0.0 else decay * mean + (1 - decay) * value
+
+
+def expected_tokens(rate: float, num_proposed: int) -> float:
+    """Tokens a verifying step yields for `num_proposed` proposals accepted independently at `rate`."""
+    return num_proposed + 1 if rate >= 1 else (1 - rate ** (num_proposed + 1)) / (1 - rate)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    plain_s: float  # a step that verifies nothing; 0: not measured, so proposals look free
+    pass_s: float  # one pass of the proposer
+    verify_token_s: float  # each proposed token the step verifies on top of a plain step
+
+
+def most_rewarding_length(rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost) -> int:
+    """k in 0..max(limits) giving the most expected tokens per second over the step's `num_rows` rows, of which
+    row i (rate, limit) proposes min(k, limit) tokens; 0 when no proposal pays."""
+
+    def tokens_per_second(k: int) -> float:
+        proposed = [min(k, limit) for limit in limits]
+        tokens = num_rows + sum(expected_tokens(rate, n) - 1 for rate, n in zip(rates, proposed, strict=True))
+        if cost.plain_s == 0.0:
+            return tokens
+        return tokens / (cost.plain_s + k * cost.pass_s + sum(proposed) * cost.verify_token_s)
+
+    return max(range(max(limits, default=0) + 1), key=tokens_per_second)
+
+
+class StepTimer:
+    """Running means of the engine's plain decode steps and of what each verified proposal adds to one. Steps that
+    prefill are left out: their time says nothing about what a proposal costs."""
+
+    def __init__(self) -> None:
+        self.plain_s = 0.0
+        self.verify_token_s = 0.0
+
+    def record(self, seconds: float, num_proposed_tokens: int, is_decode_only: bool) -> None:
+        if not is_decode_only:
+            return
+        if num_proposed_tokens == 0:
+            self.plain_s = running_mean(self.plain_s, seconds, TIMING_DECAY)
+        elif self.plain_s:
+            extra = max(seconds - self.plain_s, 0.0) / num_proposed_tokens
+            self.verify_token_s = running_mean(self.verify_token_s, extra, TIMING_DECAY)
+
+
+class DraftPolicy:
+    """One model proposer's step-level choice of length, and its acceptance rate over all requests (the starting
+    rate of a request it has not proposed for yet)."""
+
+    def __init__(self) -> None:
+        self.prior_rate = 1.0  # optimistic until measured
+        self._num_idle_steps = 0
+        self._probe_interval = PROBE_INTERVAL
+        self._num_active_steps = 0
+        self._num_untimed_steps = 0
+
+    def length(self, rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost) -> int:
+        if cost.plain_s == 0.0 and self._num_untimed_steps < PROBE_INTERVAL:
+            self._num_untimed_steps += 1  # wait for a plain step to be timed, unless other proposals never let one be
+            return 0
+        num_tokens = most_rewarding_length(rates, limits, num_rows, cost)
+        if num_tokens == 0:
+            self._num_active_steps = 0
+            self._num_idle_steps += 1
+            if self._num_idle_steps < self._probe_interval:
+                return 0
+            self._num_idle_steps = 0
+            self._probe_interval = min(2 * self._probe_interval, MAX_PROBE_INTERVAL)
+            return 1
+        self._num_idle_steps = 0
+        self._probe_interval = PROBE_INTERVAL
+        self._num_active_steps += 1
+        if self._num_active_steps > PROBE_INTERVAL:
+            self._num_active_steps = 0
+            return 0
+        return num_tokens
+
+    def aged(self, rate: float) -> float:
+        """A request's rate after a step in which it proposed nothing: nearer the proposer's rate over all requests,
+        so that one bad streak does not keep a request off for the rest of its life."""
+        return AGING * rate + (1 - AGING) * self.prior_rate
+
+    def record(self, num_proposed: int, num_accepted: int) -> None:
+        self.prior_rate = PRIOR_DECAY * self.prior_rate + (1 - PRIOR_DECAY) * num_accepted / num_proposed
