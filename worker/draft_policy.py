@@ -18,6 +18,7 @@ PROBE_INTERVAL = 16
 MAX_PROBE_INTERVAL = 256
 TIMING_DECAY = 0.9  # weight of the past in running means of seconds
 PRIOR_DECAY = 0.7  # weight of the past in a proposer's acceptance rate over all requests
+MIN_GAIN = 1.05  # a proposal must promise this much more than none: the cost model is only an estimate
 AGING = 0.9  # per step without proposals, a request's rate moves this much less than all the way to the prior
 
 
@@ -40,7 +41,7 @@ class StepCost:
 
 def most_rewarding_length(rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost) -> int:
     """k in 0..max(limits) giving the most expected tokens per second over the step's `num_rows` rows, of which
-    row i (rate, limit) proposes min(k, limit) tokens; 0 when no proposal pays."""
+    row i (rate, limit) proposes min(k, limit) tokens; 0 when no proposal promises MIN_GAIN x what none does."""
 
     def tokens_per_second(k: int) -> float:
         proposed = [min(k, limit) for limit in limits]
@@ -49,7 +50,8 @@ def most_rewarding_length(rates: Sequence[float], limits: Sequence[int], num_row
             return tokens
         return tokens / (cost.plain_s + k * cost.pass_s + sum(proposed) * cost.verify_token_s)
 
-    return max(range(max(limits, default=0) + 1), key=tokens_per_second)
+    best = max(range(max(limits, default=0) + 1), key=tokens_per_second)
+    return best if tokens_per_second(best) >= MIN_GAIN * tokens_per_second(0) else 0
 
 
 class StepTimer:
