@@ -11,6 +11,7 @@ import argparse
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -48,31 +49,31 @@ def loaded_engine(runner: ModelRunner, config: Config) -> ContinuousEngine:
 def time_phases(engine: ContinuousEngine, runner: ModelRunner) -> tuple[int, dict[str, float]]:
     """Runs the workload to the end through the engine's own step; seconds per phase over all steps."""
     seconds: dict[str, float] = defaultdict(float)
-    run_forward = runner.run
 
-    def timed_forward(*args: object, **kwargs: object) -> object:
-        started = time.perf_counter()
-        try:
-            return run_forward(*args, **kwargs)
-        finally:
-            seconds["forward (step tensors + model)"] += time.perf_counter() - started
+    def timed(name: str, method: Callable[..., object]) -> Callable[..., object]:
+        def run_timed(*args: object, **kwargs: object) -> object:
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - started
 
-    runner.run = timed_forward  # type: ignore[method-assign]
+        return run_timed
+
+    scheduler = engine._scheduler
+    runner.run = timed("forward (step tensors + model)", runner.run)  # type: ignore[method-assign]
+    scheduler.schedule = timed("schedule", scheduler.schedule)  # type: ignore[method-assign]
     num_steps = 0
     try:
-        while engine._scheduler.has_work:
+        while scheduler.has_work:
             started = time.perf_counter()
-            engine._speculator.propose(engine._scheduler.running, engine._max_proposal)
-            batch = engine._scheduler.schedule()
-            scheduled = time.perf_counter()
-            engine._step(batch)
-            seconds["schedule"] += scheduled - started
-            seconds["step"] += time.perf_counter() - scheduled
+            engine._step_or_fail()
+            seconds["step"] += time.perf_counter() - started
             num_steps += 1
     finally:
-        del runner.run
-    seconds["step"] -= seconds["forward (step tensors + model)"]
-    seconds["sample, update, emit"] = seconds.pop("step")
+        del runner.run, scheduler.schedule
+    seconds["step"] -= seconds["forward (step tensors + model)"] + seconds["schedule"]
+    seconds["propose, sample, update, emit"] = seconds.pop("step")
     return num_steps, seconds
 
 
