@@ -3,6 +3,7 @@ with a hook on the same layer, and unsteered requests are untouched by steered o
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from steering.registry import SAERegistry
 from steering.sae_math import steering_direction
+from tasks.config import Config
 from tasks.steering_messages import SteeringFeature, SteeringSpec, SteeringVector
 from tests.steering.sae_folders import TINY_SAE_ID
-from tests.worker.engine_harness import greedy, hf_greedy, run, submit_together
+from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
 from worker.continuous_engine import ContinuousEngine
 from worker.engine import EngineRequest
+from worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.usefixtures("tiny_sae_root")
 MAX_TOKENS = 10
@@ -157,3 +160,29 @@ def test_the_prefix_cache_never_serves_kv_computed_under_other_steering(
     assert run(endless_engine, "steered-again", prompt, greedy(MAX_TOKENS), steering).token_ids == steered
     assert hits() > before  # the same steering does share its blocks
     assert run(endless_engine, "plain-again", prompt, greedy(MAX_TOKENS)).token_ids == plain
+
+
+@pytest.mark.parametrize("method", ["ngram", "self", "draft"])
+def test_only_the_steered_row_of_a_mixed_batch_stays_out_of_speculation(
+    method: str,
+    endless_runner: ModelRunner,
+    tiny_config: Config,
+    tokenizer: PreTrainedTokenizerBase,
+    steering_demo: dict,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the target as its own draft: every proposal is right, so an unsteered row always has proposals to report
+    config = dataclasses.replace(tiny_config, speculative_method=method, speculative_draft_model=tiny_config.model)
+    serving = serve(endless_runner, config, caplog)
+    engine = next(serving)
+    prompt = chat_prompt(tokenizer, "one two three one two three one two three")
+    solo_steered = run(engine, "solo-steered", prompt, greedy(16), feature_spec(steering_demo, 1)).token_ids
+    requests = [
+        EngineRequest("plain", prompt, greedy(16)),
+        EngineRequest("steered", prompt, greedy(16), steering=feature_spec(steering_demo, 1)),
+    ]
+    plain, steered = submit_together(engine, requests)
+    assert steered.token_ids == solo_steered
+    assert steered.outputs[-1].num_proposed_tokens == 0
+    assert plain.outputs[-1].num_proposed_tokens > 0
+    next(serving, None)
