@@ -1,6 +1,7 @@
 """Speculative decoding benchmark (issue 4): each proposer (prompt lookup, a draft model, the model's own first
-layers) against no speculation, at batch 1, 4 and 8, on an input-grounded workload (an opening, the text the model writes after it, and the opening again: what the request
-generates is in its input) and an open-ended one (the opening alone), 64 tokens each, greedy with EOS ignored.
+layers) against no speculation, at batch 1, 4 and 8, on an input-grounded workload (an opening, the text the model
+writes after it, and the opening again: what the request generates is in its input) and an open-ended one (the
+opening alone), 64 tokens each, greedy with EOS ignored.
 
 Per cell: output tokens/s (median of alternating runs), the ratio to no speculation, the acceptance rate a (accepted
 / proposed), mean tokens per verifying step (accepted / verifications + 1), and the tokens per step Leviathan et
