@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from scripts.build_tiny_model import compute_build_hash
+from scripts.build_tiny_model import compute_build_hash, parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [
@@ -127,11 +126,20 @@ def test_concurrent_builds_wait_for_each_other(tmp_path: Path) -> None:
     assert sum("up to date" in log for log in logs) == 1
 
 
-def test_build_hash_depends_on_arguments() -> None:
-    def build_hash(**overrides: object) -> str:
-        args = {"out": Path("x"), "train_steps": 0, "vocab_size": 2048, "seed": 0, "force": False, **overrides}
-        return compute_build_hash(argparse.Namespace(**args))
+def test_build_hash_depends_on_arguments(model_dir: Path) -> None:
+    def build_hash(*extra: str) -> str:
+        return compute_build_hash(parse_args(["--out", "x", "--train-steps", "0", *extra]))
 
-    assert build_hash() == build_hash(out=Path("elsewhere"), force=True)
-    assert build_hash() != build_hash(seed=1)
-    assert build_hash() != build_hash(train_steps=400)
+    assert build_hash() == build_hash("--out", "elsewhere", "--force")
+    assert build_hash() != build_hash("--seed", "1")
+    assert build_hash() != build_hash("--train-steps", "400")
+    assert build_hash() != build_hash("--num-layers", "1")
+    assert build_hash() != build_hash("--tokenizer-from", str(model_dir))
+
+
+def test_a_draft_model_shares_the_tokenizer_and_has_its_own_depth(model_dir: Path) -> None:
+    draft_dir = model_dir.parent / "draft"
+    run_build(draft_dir, "--num-layers", "1", "--tokenizer-from", str(model_dir))
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir)
+    assert draft.config.num_hidden_layers == 1
+    assert (draft_dir / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
