@@ -1,12 +1,13 @@
 """When a model proposer pays, and how many tokens it proposes.
 
-A proposer's pass holds up the whole step, so the choice is the step's: the number of proposed tokens k that gives
-the most expected tokens per second for every running row, from each speculating row's acceptance rate (Leviathan
-et al.'s expected tokens per step) and the measured seconds of a plain step, of a proposer pass, and of each
-proposed token the step verifies, timed over steps that only decode. When no k pays, the proposer is off, but
-proposes one token now and then so the rates it decides by stay current: after PROBE_INTERVAL steps, then after
-twice as many each time the probe did not pay, up to MAX_PROBE_INTERVAL. While it is on, it stays out of one step in
-PROBE_INTERVAL so that the plain step's time stays current too.
+A proposer's pass holds up the whole step, so the number of passes is the step's choice: the k that gives the most
+expected tokens per second for every running row, from each speculating row's acceptance rate (Leviathan et al.'s
+expected tokens per step) and the measured seconds of a plain step, of a proposer pass, and of each proposed token
+the step verifies, timed over steps that only decode. Within those k passes each row proposes no more than its own
+rate pays for in verification alone: a row whose proposals are mostly rejected proposes none. When no k pays, the
+proposer is off, but proposes one token now and then so the rates it decides by stay current: after PROBE_INTERVAL
+steps, then after twice as many each time the probe did not pay, up to MAX_PROBE_INTERVAL. While it is on, it stays
+out of one step in PROBE_INTERVAL so that the plain step's time stays current too.
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ def most_rewarding_length(rates: Sequence[float], limits: Sequence[int], num_row
     return best if tokens_per_second(best) >= MIN_GAIN * tokens_per_second(0) else 0
 
 
+def own_limits(rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost) -> list[int]:
+    """Each row's most rewarding length if the passes were free (another row pays for them), capped by its limit."""
+    verification_only = StepCost(cost.plain_s, 0.0, cost.verify_token_s)
+    return [
+        most_rewarding_length([rate], [limit], num_rows, verification_only)
+        for rate, limit in zip(rates, limits, strict=True)
+    ]
+
+
 class StepTimer:
     """Running means of the engine's plain decode steps and of what each verified proposal adds to one. Steps that
     prefill are left out: their time says nothing about what a proposal costs."""
@@ -73,8 +83,8 @@ class StepTimer:
 
 
 class DraftPolicy:
-    """One model proposer's step-level choice of length, and its acceptance rate over all requests (the starting
-    rate of a request it has not proposed for yet)."""
+    """One model proposer's choice of lengths for a step's rows, and its acceptance rate over all requests (the
+    starting rate of a request it has not proposed for yet)."""
 
     def __init__(self) -> None:
         self.prior_rate = 1.0  # optimistic until measured
@@ -83,12 +93,20 @@ class DraftPolicy:
         self._num_active_steps = 0
         self._num_untimed_steps = 0
 
-    def length(self, rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost) -> int:
+    def lengths(self, rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost) -> list[int]:
+        """How many tokens each row (rate, limit) proposes in a step of `num_rows` rows."""
+        caps = own_limits(rates, limits, num_rows, cost)
+        num_passes = self._num_passes(rates, caps, num_rows, cost)
+        if num_passes == 1 and not any(caps):  # a probe: every row, to re-measure every rate
+            caps = [min(limit, 1) for limit in limits]
+        return [min(num_passes, cap) for cap in caps]
+
+    def _num_passes(self, rates: Sequence[float], caps: Sequence[int], num_rows: int, cost: StepCost) -> int:
         if cost.plain_s == 0.0 and self._num_untimed_steps < PROBE_INTERVAL:
             self._num_untimed_steps += 1  # wait for a plain step to be timed, unless other proposals never let one be
             return 0
-        num_tokens = most_rewarding_length(rates, limits, num_rows, cost)
-        if num_tokens == 0:
+        num_passes = most_rewarding_length(rates, caps, num_rows, cost)
+        if num_passes == 0:
             self._num_active_steps = 0
             self._num_idle_steps += 1
             if self._num_idle_steps < self._probe_interval:
@@ -102,7 +120,7 @@ class DraftPolicy:
         if self._num_active_steps > PROBE_INTERVAL:
             self._num_active_steps = 0
             return 0
-        return num_tokens
+        return num_passes
 
     def aged(self, rate: float) -> float:
         """A request's rate after a step in which it proposed nothing: nearer the proposer's rate over all requests,

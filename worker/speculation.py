@@ -197,10 +197,10 @@ class Speculator:
         timer = self.step_timer
         cost = StepCost(timer.plain_s, self._proposers[method].seconds_per_pass, timer.verify_token_s)
         rates = [acceptance.rate for acceptance in acceptances]
-        num_tokens = policy.length(rates, [limit for _, limit in rows], num_running, cost)
-        if num_tokens == 0:
-            for acceptance in acceptances:  # unproposing rows learn nothing: let an old streak fade
+        lengths = policy.lengths(rates, [limit for _, limit in rows], num_running, cost)
+        for (request, _), acceptance, num_tokens in zip(rows, acceptances, lengths, strict=True):
+            if num_tokens == 0:  # a row that proposes nothing learns nothing: let an old streak fade
                 acceptance.rate = policy.aged(acceptance.rate)
-        for request, limit in rows if num_tokens else ():
-            request.spec_token_ids = [PROPOSAL_PLACEHOLDER] * min(num_tokens, limit)
+                continue
+            request.spec_token_ids = [PROPOSAL_PLACEHOLDER] * num_tokens
             self._model_methods[request.request_id] = method

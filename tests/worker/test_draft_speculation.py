@@ -156,6 +156,11 @@ def test_the_proposal_length_maximizes_tokens_per_second(
     assert most_rewarding_length(rates, limits, num_rows, cost) == expected
 
 
+def test_a_row_whose_proposals_do_not_pay_for_their_verification_proposes_none() -> None:
+    cost = StepCost(plain_s=1.0, pass_s=0.1, verify_token_s=0.05)
+    assert DraftPolicy().lengths([0.95, 0.1, 0.8], [4, 4, 2], 3, cost) == [4, 0, 2]
+
+
 def test_verified_tokens_add_to_the_cost() -> None:
     free = StepCost(plain_s=1.0, pass_s=0.0, verify_token_s=0.0)
     costly = StepCost(plain_s=1.0, pass_s=0.0, verify_token_s=0.5)
@@ -166,7 +171,7 @@ def test_verified_tokens_add_to_the_cost() -> None:
 def test_a_proposer_that_does_not_pay_probes_now_and_then() -> None:
     policy = DraftPolicy()
     costly = StepCost(plain_s=1.0, pass_s=2.0, verify_token_s=0.0)
-    lengths = [policy.length([0.3], [4], 1, costly) for _ in range(7 * PROBE_INTERVAL)]
+    lengths = [policy.lengths([0.3], [4], 1, costly)[0] for _ in range(7 * PROBE_INTERVAL)]
     probes = [step for step, length in enumerate(lengths) if length]
     assert probes == [PROBE_INTERVAL - 1, 3 * PROBE_INTERVAL - 1, 7 * PROBE_INTERVAL - 1]  # ever less often
     assert set(lengths) == {0, 1}
@@ -178,8 +183,8 @@ def test_a_proposer_that_does_not_pay_probes_now_and_then() -> None:
 def test_a_proposer_waits_for_a_timed_plain_step_and_then_retimes_one_now_and_then() -> None:
     untimed, cheap = StepCost(0.0, 0.1, 0.0), StepCost(1.0, 0.1, 0.0)
     policy = DraftPolicy()
-    assert policy.length([1.0], [4], 1, untimed) == 0
-    lengths = [policy.length([1.0], [4], 1, cheap) for _ in range(2 * (PROBE_INTERVAL + 1))]
+    assert policy.lengths([1.0], [4], 1, untimed)[0] == 0
+    lengths = [policy.lengths([1.0], [4], 1, cheap)[0] for _ in range(2 * (PROBE_INTERVAL + 1))]
     assert lengths.count(0) == 2 and lengths[PROBE_INTERVAL] == 0 and set(lengths) == {0, 4}
     starved = DraftPolicy()  # other proposals keep every step from being plain: it goes ahead untimed
-    assert [starved.length([1.0], [4], 1, untimed) for _ in range(PROBE_INTERVAL + 1)][-1] == 4
+    assert [starved.lengths([1.0], [4], 1, untimed)[0] for _ in range(PROBE_INTERVAL + 1)][-1] == 4
