@@ -186,7 +186,8 @@ class Speculator:
         return max(1, round(limit * rate))
 
     def _propose_placeholders(self, method: str, rows: list[tuple[Request, int]], num_running: int) -> None:
-        """Placeholders for the proposer's rows, as many as pay off for the step as a whole."""
+        """Placeholders for the proposer's rows: the passes that pay off for the step, and of those, as many as each
+        row's own acceptance pays for."""
         policy = self._policies[method]
         acceptances = []
         for request, _ in rows:
