@@ -15,6 +15,12 @@ from scheduler.block_hash import BlockKey, block_hash
 from scheduler.request import Request
 
 
+@dataclass(frozen=True)
+class PrefixLookup:
+    num_queried_blocks: int  # leading full blocks looked up, up to and including the first miss
+    num_hit_blocks: int
+
+
 @dataclass
 class Block:
     block_id: int
@@ -33,8 +39,6 @@ class BlockManager:
         self._blocks = [Block(block_id) for block_id in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # unreferenced, LRU first
         self._cached: dict[bytes, int] = {}  # hash -> block id
-        self.num_queried_blocks = 0
-        self.num_hit_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -71,29 +75,29 @@ class BlockManager:
         request.block_table = []
         request.block_hashes = []
 
-    def reuse_cached_prefix(self, request: Request) -> int:
-        """Gives a request with nothing computed every leading full block already cached; returns the tokens
-        they hold. At least one token is left to compute, so the step that follows yields the next token."""
+    def reuse_cached_prefix(self, request: Request) -> PrefixLookup:
+        """Gives a request with nothing computed every leading full block already cached. At least one token is
+        left to compute, so the step that follows yields the next token."""
         if not self.enable_prefix_caching or request.block_table or not request.may_reuse_cached_prefix:
-            return 0
+            return PrefixLookup(0, 0)
         hits: list[tuple[int, bytes]] = []
         parent: bytes | None = None
+        num_queried = 0
         for index in range((request.num_tokens - 1) // self.block_size):
             key = self._key(request, index, parent)
             parent = block_hash(key)
             block_id = self._cached.get(parent)
-            self.num_queried_blocks += 1
+            num_queried += 1
             if block_id is None or self._blocks[block_id].key != key:
                 break
             hits.append((block_id, parent))
-        self.num_hit_blocks += len(hits)
         for block_id, hash_value in hits:
             self._blocks[block_id].ref_count += 1
             self._free.pop(block_id, None)
             request.block_table.append(block_id)
             request.block_hashes.append(hash_value)
         request.num_computed_tokens = len(hits) * self.block_size
-        return request.num_computed_tokens
+        return PrefixLookup(num_queried, len(hits))
 
     def cache_full_blocks(self, request: Request) -> None:
         """Registers the request's blocks that its computed tokens have filled since the last call."""

@@ -48,6 +48,8 @@ class Scheduler:
         self.waiting: list[Request] = []  # kept sorted by (priority, arrival)
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_prefix_queried_blocks = 0  # over admissions; a head-of-line request that waits is counted once
+        self.num_prefix_hit_blocks = 0
         self._num_arrivals = 0
 
     @property
@@ -127,7 +129,7 @@ class Scheduler:
     def _schedule_waiting(self, batch: Batch, budget: int) -> None:
         while self.waiting and budget > 0:
             request = self.waiting[0]
-            self.block_manager.reuse_cached_prefix(request)
+            lookup = self.block_manager.reuse_cached_prefix(request)
             num_tokens = self._chunk_size(request, budget)
             while not self._has_room(request, request.num_computed_tokens + num_tokens):
                 if not self._can_preempt_for(request, request.num_computed_tokens + num_tokens):
@@ -136,6 +138,8 @@ class Scheduler:
                 budget += self._preempt(max(self.running, key=lambda r: r.sort_key), batch)
                 num_tokens = self._chunk_size(request, budget)
             self.waiting.pop(0)
+            self.num_prefix_queried_blocks += lookup.num_queried_blocks
+            self.num_prefix_hit_blocks += lookup.num_hit_blocks
             if request.num_cached_tokens < 0:  # the first admission is the one usage reports
                 request.num_cached_tokens = min(request.num_computed_tokens, request.num_prompt_tokens)
             request.status = RequestStatus.RUNNING

@@ -326,8 +326,8 @@ class ContinuousEngine:
         with self._cond:
             self._stats.record_step(len(batch.chunks), num_decode_tokens, batch.num_tokens)
             self._stats.num_preemptions = self._scheduler.num_preemptions
-            self._stats.prefix_cache_queried_blocks = self._scheduler.block_manager.num_queried_blocks
-            self._stats.prefix_cache_hit_blocks = self._scheduler.block_manager.num_hit_blocks
+            self._stats.prefix_cache_queried_blocks = self._scheduler.num_prefix_queried_blocks
+            self._stats.prefix_cache_hit_blocks = self._scheduler.num_prefix_hit_blocks
             self._stats.num_proposed_tokens = self._speculator.num_proposed_tokens
             self._stats.num_accepted_tokens = self._speculator.num_accepted_tokens
             self._stats.num_verifications = self._speculator.num_verifications

@@ -42,7 +42,7 @@ def test_a_shared_prefix_is_computed_once_and_shared_by_reference() -> None:
     assert chunk.start == 40 and chunk.num_tokens == 2
     assert second.num_cached_tokens == 40
     assert second.block_table[:10] == first.block_table[:10]
-    assert scheduler.block_manager.num_hit_blocks == 10
+    assert scheduler.num_prefix_hit_blocks == 10
     run_all(scheduler)
     assert scheduler.block_manager.num_free_blocks == CONFIG.num_blocks
 
@@ -119,7 +119,7 @@ def test_caching_off_never_hits() -> None:
     for name in ("a", "b"):
         scheduler.add(request(name, [*SYSTEM, 1]))
         run_all(scheduler)
-    assert scheduler.block_manager.num_hit_blocks == 0
+    assert scheduler.num_prefix_hit_blocks == 0
 
 
 def test_a_reused_free_block_is_never_handed_out_again_while_referenced() -> None:
@@ -152,3 +152,19 @@ def test_blocks_filled_by_accepted_proposals_are_cached_under_their_tokens() -> 
     scheduler.add(later)
     scheduler.schedule()
     assert later.num_cached_tokens == 8
+
+
+def test_a_request_waiting_for_a_seat_counts_its_prefix_hits_once() -> None:
+    scheduler = Scheduler(dataclasses.replace(CONFIG, max_num_seqs=2))
+    scheduler.add(request("first", [*SYSTEM, 1, 2, 3], max_tokens=20))
+    scheduler.add(request("filler", [1, 2, 3], max_tokens=20))
+    step(scheduler)
+    late = request("late", [*SYSTEM, 9])
+    scheduler.add(late)
+    for _ in range(5):  # no seat: each step looks the prefix up again and gives it back
+        step(scheduler)
+        assert late in scheduler.waiting
+    run_all(scheduler)
+    assert late.num_cached_tokens == 40
+    assert scheduler.num_prefix_hit_blocks == 10
+    assert scheduler.num_prefix_queried_blocks == 1 + 0 + 10  # first: one miss; filler: no full block; late: ten
