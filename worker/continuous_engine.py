@@ -65,6 +65,7 @@ class ContinuousEngine:
         self._is_stopping = False
         self._sequences: dict[str, EngineSequence] = {}  # engine thread only
         self._worker_monitor: WorkerMonitor | None = None
+        self._step_monitor: WorkerMonitor | None = None  # engine thread: the worker monitor of the current step
         self._config = config
         self._stats = EngineStats()
         self._speculator = Speculator(speculation_config(config), runner.max_model_len, load_proposers(config, runner))
@@ -213,6 +214,8 @@ class ContinuousEngine:
         return None
 
     def _step_or_fail(self) -> None:
+        with self._cond:
+            self._step_monitor = self._worker_monitor
         self._speculator.propose(self._scheduler.running, self._speculation_allowance)
         batch = self._scheduler.schedule()
         try:
@@ -226,10 +229,8 @@ class ContinuousEngine:
                 self._fail(chunk.request.request_id, f"the engine step failed: {exc}")
 
     def _step(self, batch: Batch) -> None:
-        with self._cond:
-            worker_monitor = self._worker_monitor
         rows = [self._sequences[chunk.request.request_id].sae for chunk in batch.chunks]
-        output = self._runner.run(batch, rows, worker_monitor)
+        output = self._runner.run(batch, rows, self._step_monitor)
         for request_id, positions in output.monitored.items():
             self._sequences[request_id].monitored.extend(positions)
         picked = pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row)
@@ -247,13 +248,15 @@ class ContinuousEngine:
 
     def _can_speculate(self, request: Request) -> bool:
         """Rows whose verified tokens are what plain decoding would produce (greedy) or are distributed as it
-        would draw them (unseeded sampling), and that change no steered or monitored activations."""
+        would draw them (unseeded sampling), and that change no steered or monitored activations: while the
+        worker-wide monitor runs, every row is monitored, and rejected proposals must not enter its statistics."""
         sequence = self._sequences[request.request_id]
         sampling = sequence.request.sampling
         # A seeded row's draws must not depend on the batch, which decides whether it speculates.
         is_sampled_safely = sampling.is_greedy or sampling.seed is None
         is_plain = is_sampled_safely and not sampling.has_penalties and sampling.logprobs is None
-        return is_plain and sequence.sae is None and request.num_output_tokens >= sampling.min_tokens
+        is_unobserved = sequence.sae is None and self._step_monitor is None
+        return is_plain and is_unobserved and request.num_output_tokens >= sampling.min_tokens
 
     def _speculation_allowance(self, request: Request) -> Allowance:
         """The request's own speculative settings, else the worker's; 0 tokens for rows that must not speculate."""

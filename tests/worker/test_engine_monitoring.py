@@ -20,7 +20,7 @@ from tasks.config import Config
 from tasks.messages import SamplingParams
 from tasks.steering_messages import MonitorPositions, MonitorSpec, SteeringFeature, SteeringSpec
 from tests.steering.sae_folders import TINY_SAE_ID
-from tests.worker.engine_harness import Collector, greedy, run, serve, submit_together
+from tests.worker.engine_harness import Collector, greedy, hf_greedy, run, serve, submit_together
 from worker.continuous_engine import ContinuousEngine
 from worker.engine import EngineRequest
 from worker.model_runner import ModelRunner
@@ -135,16 +135,27 @@ def test_bad_monitors_fail_their_request(endless_engine: ContinuousEngine, spec:
 def test_the_worker_monitor_counts_every_token_the_engine_computes(
     endless_engine: ContinuousEngine, endless_runner: ModelRunner, reference_model: PreTrainedModel, sae: SAE
 ) -> None:
+    max_tokens = 16
+
+    def self_grounded(opening: list[int]) -> list[int]:
+        """The opening, the model's own continuation, the opening again: prompt lookup proposes at once."""
+        return [*opening, *hf_greedy(reference_model, frozenset(), opening, max_tokens), *opening]
+
+    run(endless_engine, "unmonitored", self_grounded(list(range(70, 90))), greedy(max_tokens))
+    num_proposed = endless_engine.stats.num_proposed_tokens
+    assert num_proposed > 0
+    prompt = self_grounded(PROMPT)
     monitor = start_worker_monitor(endless_runner.saes, TINY_SAE_ID, [3, 4])
     endless_engine.set_worker_monitor(monitor)
     try:
-        tokens = run(endless_engine, "counted", PROMPT, greedy(MAX_TOKENS)).token_ids
+        tokens = run(endless_engine, "counted", prompt, greedy(max_tokens)).token_ids
     finally:
         endless_engine.set_worker_monitor(None)
-    run(endless_engine, "uncounted", PROMPT, greedy(2))
+    assert endless_engine.stats.num_proposed_tokens == num_proposed  # every row is monitored: none speculates
+    run(endless_engine, "uncounted", prompt, greedy(2))
     snapshot = monitor.stats.snapshot()
-    acts = reference_acts(reference_model, sae, PROMPT + tokens[:-1])[:, [3, 4]]  # [T, 2]
-    assert snapshot["count"] == len(PROMPT) + MAX_TOKENS - 1
+    acts = reference_acts(reference_model, sae, prompt + tokens[:-1])[:, [3, 4]]  # [T, 2]
+    assert snapshot["count"] == len(prompt) + max_tokens - 1
     assert [f["max"] for f in snapshot["features"]] == pytest.approx(acts.max(0).values.tolist(), abs=1e-4)
     with pytest.raises(SAELookupError):
         start_worker_monitor(endless_runner.saes, "tiny/none", [0])
