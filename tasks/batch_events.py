@@ -11,7 +11,7 @@ from tasks.batch_messages import BatchEvent, BatchEventType
 from tasks.batch_models import BatchLine, BatchRecord, LineStatus
 from tasks.batch_store import request_counts
 from tasks.config import Config
-from tasks.streams import RedisKeys, append_json
+from tasks.streams import RedisKeys, append_json_many
 
 logger = logging.getLogger(__name__)
 
@@ -20,28 +20,29 @@ def publish_status(client: redis.Redis, config: Config, session: Session, batch_
     batch = session.get(BatchRecord, batch_id, populate_existing=True)
     if batch is not None:
         event = BatchEvent(BatchEventType.STATUS, batch.status, request_counts(session, batch_id))
-        _append(client, config, batch_id, event)
+        _append(client, config, batch_id, [event])
 
 
 def publish_lines(
     client: redis.Redis, config: Config, session: Session, batch_id: str, finished: list[tuple[BatchLine, LineStatus]]
 ) -> None:
-    """A line event for each line just finished, all carrying the counts after them."""
+    """A line event for each line just finished, all carrying the counts after them, in one round trip."""
     if not finished:
         return
     batch = session.get(BatchRecord, batch_id)
-    counts = request_counts(session, batch_id)
-    for line, status in finished:
-        event = BatchEvent(
-            BatchEventType.LINE, batch.status if batch else "", counts, line.line_no, line.custom_id, status.value
-        )
-        _append(client, config, batch_id, event)
+    status, counts = batch.status if batch else "", request_counts(session, batch_id)
+    events = [
+        BatchEvent(BatchEventType.LINE, status, counts, line.line_no, line.custom_id, line_status.value)
+        for line, line_status in finished
+    ]
+    _append(client, config, batch_id, events)
 
 
-def _append(client: redis.Redis, config: Config, batch_id: str, event: BatchEvent) -> None:
+def _append(client: redis.Redis, config: Config, batch_id: str, events: list[BatchEvent]) -> None:
     # Progress is advisory (SQL holds the truth), so a Redis hiccup must not fail the line or the batch.
     try:
-        append_json(client, config, RedisKeys(config.redis_prefix).batch_stream(batch_id), event.to_dict())
+        key = RedisKeys(config.redis_prefix).batch_stream(batch_id)
+        append_json_many(client, config, key, [event.to_dict() for event in events])
     except redis.RedisError as exc:
         logger.warning("could not publish progress of %s: %s", batch_id, exc)
 

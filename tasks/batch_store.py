@@ -3,12 +3,13 @@ conditional UPDATE, so racing writers (workers, reapers, the api) never give a l
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import distinct, func, insert, select, update
+from sqlalchemy import bindparam, distinct, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from tasks.batch_messages import ChunkTask, RequestCounts
@@ -22,6 +23,8 @@ MAX_BATCH_ERRORS = 100  # validation errors kept on the batch object; the error 
 
 @dataclass(frozen=True)
 class LineOutcome:
+    """A running line's one result; each field is the batch_lines column of the same name."""
+
     status: LineStatus
     text: str = ""
     finish_reason: str | None = None
@@ -31,6 +34,21 @@ class LineOutcome:
     steering: dict[str, Any] | None = None  # the steering that ran, as a request's result reports it
     monitor: dict[str, Any] | None = None  # the monitored positions, when the line asked for them
     extra_choices: list[dict[str, Any]] | None = None  # n > 1: choices 1.., as ChoiceResult dicts
+
+
+_OUTCOME_COLUMNS = tuple(field.name for field in dataclasses.fields(LineOutcome))
+# Built once, on the table rather than the ORM class: an ORM UPDATE built per line cost 0.5 ms of the worker's
+# Python (construction, cache key, session synchronization), time taken from the engine thread under the GIL.
+_LINES = BatchLine.__table__
+_FINISH_LINE = (
+    update(_LINES)
+    .where(
+        _LINES.c.id == bindparam("line_id"),
+        _LINES.c.status == LineStatus.RUNNING.value,
+        _LINES.c.lease_owner == bindparam("owner"),
+    )
+    .values({name: bindparam(name) for name in (*_OUTCOME_COLUMNS, "finished_at")})
+)
 
 
 def new_id(prefix: str) -> str:
@@ -139,28 +157,15 @@ def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome])
     """Record running lines' one results (by line id) in one transaction; returns the ids recorded, leaving out those
     `owner` no longer holds (their lease lapsed and they moved on)."""
     recorded = set()
+    finished_at = time.time()
     for line_id, outcome in outcomes.items():
-        moved = session.execute(
-            update(BatchLine)
-            .where(
-                BatchLine.id == line_id, BatchLine.status == LineStatus.RUNNING.value, BatchLine.lease_owner == owner
-            )
-            .values(
-                status=outcome.status.value,
-                text=outcome.text,
-                finish_reason=outcome.finish_reason,
-                completion_tokens=outcome.completion_tokens,
-                error=outcome.error,
-                logprobs=outcome.logprobs,
-                steering=outcome.steering,
-                monitor=outcome.monitor,
-                extra_choices=outcome.extra_choices,
-                finished_at=time.time(),
-            )
-        )
+        params = {name: getattr(outcome, name) for name in _OUTCOME_COLUMNS}
+        params.update(status=outcome.status.value, finished_at=finished_at, line_id=line_id, owner=owner)
+        moved = session.execute(_FINISH_LINE, params)
         if moved.rowcount == 1:
             recorded.add(line_id)
     session.commit()
+    session.expire_all()  # the UPDATE bypassed the ORM, so lines this session had loaded must load again
     return recorded
 
 

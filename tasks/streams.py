@@ -52,11 +52,17 @@ def append_event(client: redis.Redis, config: Config, request_id: str, event: St
 
 def append_json(client: redis.Redis, config: Config, key: str, event: dict) -> str:
     """XADD one JSON event to a bounded stream that expires `stream_ttl_s` after its last entry."""
+    [entry_id] = append_json_many(client, config, key, [event])
+    return entry_id
+
+
+def append_json_many(client: redis.Redis, config: Config, key: str, events: list[dict]) -> list[str]:
+    """`append_json` for several events in one round trip, in order."""
     pipe = client.pipeline(transaction=True)
-    pipe.xadd(key, {"event": json.dumps(event)}, maxlen=config.stream_maxlen, approximate=True)
+    for event in events:
+        pipe.xadd(key, {"event": json.dumps(event)}, maxlen=config.stream_maxlen, approximate=True)
     pipe.expire(key, config.stream_ttl_s)
-    entry_id, _ = pipe.execute()
-    return str(entry_id)
+    return [str(entry_id) for entry_id in pipe.execute()[:-1]]
 
 
 def read_events(

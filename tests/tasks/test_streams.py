@@ -10,7 +10,15 @@ from api.responses import StreamMeta
 from api.sse import relay_frames
 from tasks.config import Config
 from tasks.messages import Endpoint, EventType, FinishReason, StreamEvent, Usage
-from tasks.streams import STREAM_START, RedisKeys, append_event, read_events, wait_for_final
+from tasks.streams import (
+    STREAM_START,
+    RedisKeys,
+    append_event,
+    append_json_many,
+    read_events,
+    read_json,
+    wait_for_final,
+)
 
 
 def make_config(redis_url: str) -> Config:
@@ -28,6 +36,17 @@ def test_events_read_back_in_order_and_resume_after_an_id(redis_url: str) -> Non
     assert 0 < client.ttl(key) <= 60
     final = wait_for_final(client, key, idle_s=0.1, timeout_s=1)
     assert final is not None and final.finish_reason == FinishReason.STOP
+    client.delete(key)
+
+
+def test_several_events_go_in_one_round_trip_in_order(redis_url: str) -> None:
+    config = make_config(redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    key = RedisKeys(config.redis_prefix).batch_stream("b1")
+    ids = append_json_many(client, config, key, [{"n": 1}, {"n": 2}, {"n": 3}])
+    entries = read_json(client, key, STREAM_START, block_ms=100)
+    assert [next(entries) for _ in range(3)] == [(ids[0], {"n": 1}), (ids[1], {"n": 2}), (ids[2], {"n": 3})]
+    assert 0 < client.ttl(key) <= 60
     client.delete(key)
 
 
