@@ -4,7 +4,6 @@ fill the continuous batch next to chat), record each line's one result as it fin
 from __future__ import annotations
 
 import logging
-import queue
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from tasks.config import Config
 from tasks.db import SessionFactory
 from tasks.messages import FinishReason, GenerateRequest
 from tasks.steering_store import read_profile
+from worker.batch_inbox import ChunkInbox
 from worker.choice import Choice, start_choice
 from worker.engine import BULK_PRIORITY, Engine, EngineOutput
 from worker.steering_report import PROFILE, REQUEST, SteeringReport
@@ -73,7 +73,7 @@ class _Chunk:
     task: ChunkTask
     owner: str  # this run's lease owner: the worker's name and a token, unique per delivery
     runs: dict[str, _LineRun]  # by engine request id: a line of n choices is here n times
-    outputs: queue.Queue[EngineOutput] = field(default_factory=queue.Queue)
+    inbox: ChunkInbox = field(default_factory=ChunkInbox)
     stopped_as: LineStatus | None = None
 
 
@@ -113,8 +113,9 @@ class ChunkRunner(TaskRunner):
         for line in lines:
             request = GenerateRequest.from_dict(line.request or {})
             steering = profile if request.steering is None else request.steering
+            on_output = chunk.inbox.put_urgent if request.sampling.stop else chunk.inbox.put
             choices = [
-                start_choice(self.engine, self.tokenizer, request, index, chunk.outputs.put, steering, BULK_PRIORITY)
+                start_choice(self.engine, self.tokenizer, request, index, on_output, steering, BULK_PRIORITY)
                 for index in range(request.n)
             ]
             report = SteeringReport(
@@ -126,7 +127,8 @@ class ChunkRunner(TaskRunner):
         logger.info("chunk %s of %s: %d lines in the engine", task.chunk_id, task.batch_id, len(lines))
 
     def _follow(self, chunk: _Chunk) -> None:
-        next_poll = next_renewal = 0.0
+        next_poll = 0.0
+        next_renewal = time.monotonic() + self.config.batch_line_lease_s / RENEWALS_PER_LEASE  # the claim just leased
         while chunk.runs:
             now = time.monotonic()
             if now >= next_poll:
@@ -138,12 +140,8 @@ class ChunkRunner(TaskRunner):
             if now >= next_renewal:
                 next_renewal = now + self.config.batch_line_lease_s / RENEWALS_PER_LEASE
                 self._renew(chunk)
-            try:
-                outputs = [chunk.outputs.get(timeout=POLL_S)]
-            except queue.Empty:
-                continue
-            while not chunk.outputs.empty():  # lines that finish in the same step are recorded in one transaction
-                outputs.append(chunk.outputs.get_nowait())
+            # lines that finish together are recorded in one transaction
+            outputs = chunk.inbox.take_news(timeout_s=POLL_S)
             self._record(chunk, [finished for output in outputs if (finished := self._take(chunk, output))])
 
     def _take(self, chunk: _Chunk, output: EngineOutput) -> tuple[_LineRun, LineOutcome] | None:
