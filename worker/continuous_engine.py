@@ -222,7 +222,7 @@ class ContinuousEngine:
             self._speculator.fill_proposals(batch)
             started = time.perf_counter()
             self._step(batch)
-            self._record_step_time(batch, time.perf_counter() - started)
+            self._speculator.record_step(batch, time.perf_counter() - started)
         except Exception as exc:
             logger.exception("an engine step over %d requests failed", len(batch.chunks))
             for chunk in batch.chunks:  # finished in this step or not, each still owes its caller an output
@@ -334,13 +334,6 @@ class ContinuousEngine:
             self._stats.num_proposed_tokens = self._speculator.num_proposed_tokens
             self._stats.num_accepted_tokens = self._speculator.num_accepted_tokens
             self._stats.num_verifications = self._speculator.num_verifications
-
-    def _record_step_time(self, batch: Batch, seconds: float) -> None:
-        num_proposed = sum(chunk.num_spec_tokens for chunk in batch.chunks)
-        is_decode_only = all(
-            chunk.is_sampling and chunk.num_tokens == 1 + chunk.num_spec_tokens for chunk in batch.chunks
-        )
-        self._speculator.step_timer.record(seconds, num_proposed, is_decode_only)
 
     def _abort_all(self) -> None:
         with self._cond:

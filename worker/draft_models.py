@@ -21,13 +21,14 @@ def load_proposers(config: Config, runner: ModelRunner) -> dict[str, DraftPropos
     """Raises ValueError when the worker's default method needs a proposer that cannot be built."""
     proposers = {}
     try:
-        proposers["self"] = DraftProposer("self", self_draft(runner, config.spec_self_draft_layers))
+        proposers["self"] = DraftProposer(self_draft(runner, config.spec_self_draft_layers), config.prefill_chunk_size)
     except ValueError as exc:
         if config.speculative_method == "self":
             raise
         logger.warning("no self-draft speculation: %s", exc)
     if config.speculative_draft_model:
-        proposers["draft"] = DraftProposer("draft", load_draft_model(config.speculative_draft_model, runner))
+        draft = load_draft_model(config.speculative_draft_model, runner)
+        proposers["draft"] = DraftProposer(draft, config.prefill_chunk_size)
     elif config.speculative_method == "draft":
         raise ValueError("SPECULATIVE_METHOD=draft needs SPECULATIVE_DRAFT_MODEL")
     return proposers

@@ -23,9 +23,9 @@ MIN_GAIN = 1.05  # a proposal must promise this much more than none: the cost mo
 AGING = 0.9  # per step without proposals, a request's rate moves this much less than all the way to the prior
 
 
-def running_mean(mean: float, value: float, decay: float) -> float:
-    """An exponential running mean that takes its first value whole (0 means "not measured yet")."""
-    return value if mean == 0.0 else decay * mean + (1 - decay) * value
+def running_mean(mean: float | None, value: float, decay: float) -> float:
+    """An exponential running mean that takes its first value whole (None: nothing measured yet)."""
+    return value if mean is None else decay * mean + (1 - decay) * value
 
 
 def expected_tokens(rate: float, num_proposed: int) -> float:
@@ -35,50 +35,58 @@ def expected_tokens(rate: float, num_proposed: int) -> float:
 
 @dataclass(frozen=True)
 class StepCost:
-    plain_s: float  # a step that verifies nothing; 0: not measured, so proposals look free
-    pass_s: float  # one pass of the proposer
-    verify_token_s: float  # each proposed token the step verifies on top of a plain step
+    plain_s: float | None  # a step of this many rows that verifies nothing; None: unmeasured, proposals look free
+    pass_s: float | None  # one pass of the proposer; None: unmeasured
+    verify_token_s: float | None  # each proposed token the step verifies on top of a plain step; None: unmeasured
 
 
-def most_rewarding_length(rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost) -> int:
+def most_rewarding_length(
+    rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost, min_gain: float = MIN_GAIN
+) -> int:
     """k in 0..max(limits) giving the most expected tokens per second over the step's `num_rows` rows, of which
-    row i (rate, limit) proposes min(k, limit) tokens; 0 when no proposal promises MIN_GAIN x what none does."""
+    row i (rate, limit) proposes min(k, limit) tokens; 0 when no proposal promises `min_gain` x what none does."""
 
     def tokens_per_second(k: int) -> float:
         proposed = [min(k, limit) for limit in limits]
         tokens = num_rows + sum(expected_tokens(rate, n) - 1 for rate, n in zip(rates, proposed, strict=True))
-        if cost.plain_s == 0.0:
+        if cost.plain_s is None:
             return tokens
-        return tokens / (cost.plain_s + k * cost.pass_s + sum(proposed) * cost.verify_token_s)
+        seconds = cost.plain_s + k * (cost.pass_s or 0.0) + sum(proposed) * (cost.verify_token_s or 0.0)
+        return tokens / seconds
 
     best = max(range(max(limits, default=0) + 1), key=tokens_per_second)
-    return best if tokens_per_second(best) >= MIN_GAIN * tokens_per_second(0) else 0
+    return best if tokens_per_second(best) >= min_gain * tokens_per_second(0) else 0
 
 
 def own_limits(rates: Sequence[float], limits: Sequence[int], num_rows: int, cost: StepCost) -> list[int]:
-    """Each row's most rewarding length if the passes were free (another row pays for them), capped by its limit."""
+    """Each row's most rewarding length if the passes were free (another row pays for them), capped by its limit.
+    The margin applies to the step as a whole only: one row's share of a large batch never reaches it."""
     verification_only = StepCost(cost.plain_s, 0.0, cost.verify_token_s)
     return [
-        most_rewarding_length([rate], [limit], num_rows, verification_only)
+        most_rewarding_length([rate], [limit], num_rows, verification_only, min_gain=1.0)
         for rate, limit in zip(rates, limits, strict=True)
     ]
 
 
 class StepTimer:
-    """Running means of the engine's plain decode steps and of what each verified proposal adds to one. Steps that
-    prefill are left out: their time says nothing about what a proposal costs."""
+    """Running means of the engine's plain decode steps, by number of rows, and of what each verified proposal adds
+    to a step of as many rows. Steps that prefill are left out: their time says nothing about what a proposal costs."""
 
     def __init__(self) -> None:
-        self.plain_s = 0.0
-        self.verify_token_s = 0.0
+        self._plain_s: dict[int, float] = {}
+        self.verify_token_s: float | None = None
 
-    def record(self, seconds: float, num_proposed_tokens: int, is_decode_only: bool) -> None:
+    def plain_s(self, num_rows: int) -> float | None:
+        return self._plain_s.get(num_rows)
+
+    def record(self, seconds: float, num_rows: int, num_proposed_tokens: int, is_decode_only: bool) -> None:
         if not is_decode_only:
             return
+        plain_s = self._plain_s.get(num_rows)
         if num_proposed_tokens == 0:
-            self.plain_s = running_mean(self.plain_s, seconds, TIMING_DECAY)
-        elif self.plain_s:
-            extra = max(seconds - self.plain_s, 0.0) / num_proposed_tokens
+            self._plain_s[num_rows] = running_mean(plain_s, seconds, TIMING_DECAY)
+        elif plain_s is not None:
+            extra = max(seconds - plain_s, 0.0) / num_proposed_tokens
             self.verify_token_s = running_mean(self.verify_token_s, extra, TIMING_DECAY)
 
 
@@ -102,9 +110,11 @@ class DraftPolicy:
         return [min(num_passes, cap) for cap in caps]
 
     def _num_passes(self, rates: Sequence[float], caps: Sequence[int], num_rows: int, cost: StepCost) -> int:
-        if cost.plain_s == 0.0 and self._num_untimed_steps < PROBE_INTERVAL:
+        if cost.plain_s is None and self._num_untimed_steps < PROBE_INTERVAL:
             self._num_untimed_steps += 1  # wait for a plain step to be timed, unless other proposals never let one be
             return 0
+        if cost.plain_s is not None:
+            self._num_untimed_steps = 0
         num_passes = most_rewarding_length(rates, caps, num_rows, cost)
         if num_passes == 0:
             self._num_active_steps = 0

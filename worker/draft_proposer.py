@@ -39,44 +39,68 @@ class DraftModel:
 class DraftProposer:
     """Fills in the proposed tokens of scheduled chunks; must be called from the engine thread."""
 
-    def __init__(self, method: str, draft: DraftModel) -> None:
-        self.method = method
+    def __init__(self, draft: DraftModel, max_catch_up_tokens: int) -> None:
         self.draft = draft
-        self.seconds_per_pass = 0.0  # running mean of passes after the first; 0 until measured
+        self.seconds_per_pass: float | None = None  # running mean of passes over one token a row; None: unmeasured
+        self._max_catch_up_tokens = max_catch_up_tokens  # a pass's prefill per row: a step's chunk, not a prompt
         self._num_computed: dict[str, int] = {}  # own pool only: tokens whose draft K/V are in the blocks
 
-    def fill(self, chunks: list[ScheduledChunk]) -> None:
-        """Replaces each chunk's placeholder proposals (its request's `spec_token_ids`) with the draft's tokens."""
-        for depth in range(max(chunk.num_spec_tokens for chunk in chunks)):
-            requests = [chunk.request for chunk in chunks if chunk.num_spec_tokens > depth]
-            started = time.perf_counter()
-            tokens = self._propose_next([self._pass_chunk(request, depth) for request in requests])
-            if depth > 0:  # the first pass also catches up on whatever the draft has not seen: not a proposal's cost
-                self.seconds_per_pass = running_mean(self.seconds_per_pass, time.perf_counter() - started, TIMING_DECAY)
-            for request, token in zip(requests, tokens, strict=True):
-                request.spec_token_ids[depth] = token
+    def fill(self, chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
+        """Replaces each chunk's placeholder proposals (its request's `spec_token_ids`) with the draft's tokens;
+        returns the chunks left with placeholders, whose draft is still catching up on their tokens."""
+        first_pass = [self._pass_chunk(chunk.request, 0) for chunk in chunks]
+        behind = [
+            chunk for chunk, first in zip(chunks, first_pass, strict=True) if first.end < chunk.request.num_tokens
+        ]
+        ready = [chunk for chunk in chunks if chunk not in behind]
+        for depth in range(max((chunk.num_spec_tokens for chunk in ready), default=0)):
+            passes = (
+                first_pass
+                if depth == 0
+                else [self._pass_chunk(c.request, depth) for c in ready if c.num_spec_tokens > depth]
+            )
+            tokens = self._timed_pass(passes)
+            for chunk, token in zip(passes, tokens, strict=True):
+                if chunk.end == chunk.request.num_tokens + depth:  # the row's proposal, not only its catch-up
+                    chunk.request.spec_token_ids[depth] = token
+        if not ready:
+            self._timed_pass(first_pass)
         if not self.draft.shares_target_pool:
-            for chunk in chunks:  # every pass wrote its input token's K/V, the last proposal's excepted
+            for first in first_pass:
+                self._num_computed[first.request.request_id] = first.end
+            for chunk in ready:  # every pass wrote its input token's K/V, the last proposal's excepted
                 self._num_computed[chunk.request.request_id] = chunk.request.num_tokens + chunk.num_spec_tokens - 1
+        return behind
+
+    def rewind(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
+        """After verification: the draft K/V of rejected proposals no longer stand for the request's tokens."""
+        if request_id in self._num_computed:
+            self._num_computed[request_id] -= num_proposed - 1 - min(num_accepted, num_proposed - 1)
 
     def forget(self, request_id: str) -> None:
         """The request finished or lost its blocks: its draft K/V are no longer there."""
         self._num_computed.pop(request_id, None)
 
     def _pass_chunk(self, request: Request, depth: int) -> ScheduledChunk:
-        """Pass 0 computes whatever the draft lacks up to the last real token; pass d, proposed token d - 1."""
+        """Pass 0 computes whatever the draft lacks up to the last real token (at most a catch-up's worth); pass d,
+        proposed token d - 1."""
         if depth == 0:
             start = self._first_uncomputed(request)
-            return ScheduledChunk(request, start, request.num_tokens - start, is_sampling=True)
+            num_tokens = min(request.num_tokens - start, self._max_catch_up_tokens)
+            return ScheduledChunk(request, start, num_tokens, is_sampling=True)
         return ScheduledChunk(request, request.num_tokens - 1 + depth, 1, is_sampling=True)
 
     def _first_uncomputed(self, request: Request) -> int:
         if self.draft.shares_target_pool:
             return request.num_computed_tokens
-        # rejected proposals' K/V lie past what the target kept, so the draft's valid K/V end there too
         return min(self._num_computed.get(request.request_id, 0), request.num_computed_tokens)
 
-    def _propose_next(self, chunks: list[ScheduledChunk]) -> list[int]:
+    def _timed_pass(self, chunks: list[ScheduledChunk]) -> list[int]:
+        """The draft's greedy next token after each chunk; passes of one token a row time a proposal's cost."""
+        started = time.perf_counter()
         draft = self.draft
         step = build_paged_step(Batch(chunks), draft.kv_pool.block_size, draft.device, for_flash=draft.is_flash)
-        return paged_forward(draft.model, step, draft.kv_pool).argmax(dim=-1).tolist()
+        tokens = paged_forward(draft.model, step, draft.kv_pool).argmax(dim=-1).tolist()
+        if all(chunk.num_tokens == 1 for chunk in chunks):  # a catch-up's prefill is no proposal's cost
+            self.seconds_per_pass = running_mean(self.seconds_per_pass, time.perf_counter() - started, TIMING_DECAY)
+        return tokens

@@ -150,7 +150,9 @@ class Speculator:
                 self._propose_placeholders(method, rows, len(running))
 
     def fill_proposals(self, batch: Batch) -> None:
-        """Runs the model proposers for the scheduled chunks whose placeholders the scheduler kept."""
+        """Runs the model proposers for the scheduled chunks whose placeholders the scheduler kept. A row whose draft
+        is still catching up on its tokens proposes by prompt lookup this step instead (any proposal is verified
+        exactly; a placeholder would only be rejected)."""
         for request in batch.preempted:  # their blocks, and so any draft K/V in them, are gone
             self._forget_draft(request.request_id)
         for method, proposer in self._proposers.items():
@@ -159,14 +161,23 @@ class Speculator:
                 for chunk in batch.sampling_chunks
                 if chunk.num_spec_tokens and self._model_methods.get(chunk.request.request_id) == method
             ]
-            if chunks:
-                proposer.fill(chunks)
+            for behind in proposer.fill(chunks) if chunks else ():
+                request = behind.request
+                looked_up = propose_ngram(request.prompt_token_ids + request.output_token_ids, behind.num_spec_tokens)
+                request.spec_token_ids[: len(looked_up)] = looked_up
+
+    def record_step(self, batch: Batch, seconds: float) -> None:
+        """Times the engine's step, for the model proposers' cost model."""
+        num_proposed = sum(chunk.num_spec_tokens for chunk in batch.chunks)
+        is_decode_only = all(chunk.is_sampling and chunk.num_tokens == chunk.num_logits for chunk in batch.chunks)
+        self.step_timer.record(seconds, len(batch.chunks), num_proposed, is_decode_only)
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         acceptance = self._acceptance.setdefault(request_id, _Acceptance())
         acceptance.rate = ACCEPTANCE_DECAY * acceptance.rate + (1 - ACCEPTANCE_DECAY) * num_accepted / num_proposed
         if acceptance.method in self._policies:
             self._policies[acceptance.method].record(num_proposed, num_accepted)
+            self._proposers[acceptance.method].rewind(request_id, num_proposed, num_accepted)
         self.num_proposed_tokens += num_proposed
         self.num_accepted_tokens += num_accepted
         self.num_verifications += 1
@@ -196,7 +207,7 @@ class Speculator:
                 acceptance = self._acceptance[request.request_id] = _Acceptance(policy.prior_rate, method)
             acceptances.append(acceptance)
         timer = self.step_timer
-        cost = StepCost(timer.plain_s, self._proposers[method].seconds_per_pass, timer.verify_token_s)
+        cost = StepCost(timer.plain_s(num_running), self._proposers[method].seconds_per_pass, timer.verify_token_s)
         rates = [acceptance.rate for acceptance in acceptances]
         lengths = policy.lengths(rates, [limit for _, limit in rows], num_running, cost)
         for (request, _), acceptance, num_tokens in zip(rows, acceptances, lengths, strict=True):

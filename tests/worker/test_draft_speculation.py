@@ -10,12 +10,15 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from scheduler.batch import ScheduledChunk
+from scheduler.request import Request
 from tasks.config import Config
 from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
 from tests.worker.test_engine_batching import random_prompts, submit_staggered
 from tests.worker.test_speculation import grounded_prompt
-from worker.draft_models import truncated_model
-from worker.draft_policy import PROBE_INTERVAL, DraftPolicy, StepCost, most_rewarding_length
+from worker.draft_models import load_draft_model, truncated_model
+from worker.draft_policy import PROBE_INTERVAL, DraftPolicy, StepCost, StepTimer, most_rewarding_length, own_limits
+from worker.draft_proposer import DraftProposer
 from worker.engine import EngineRequest
 from worker.model_runner import ModelRunner
 
@@ -181,10 +184,74 @@ def test_a_proposer_that_does_not_pay_probes_now_and_then() -> None:
 
 
 def test_a_proposer_waits_for_a_timed_plain_step_and_then_retimes_one_now_and_then() -> None:
-    untimed, cheap = StepCost(0.0, 0.1, 0.0), StepCost(1.0, 0.1, 0.0)
+    untimed, cheap = StepCost(None, 0.1, 0.0), StepCost(1.0, 0.1, 0.0)
     policy = DraftPolicy()
     assert policy.lengths([1.0], [4], 1, untimed)[0] == 0
     lengths = [policy.lengths([1.0], [4], 1, cheap)[0] for _ in range(2 * (PROBE_INTERVAL + 1))]
     assert lengths.count(0) == 2 and lengths[PROBE_INTERVAL] == 0 and set(lengths) == {0, 4}
     starved = DraftPolicy()  # other proposals keep every step from being plain: it goes ahead untimed
     assert [starved.lengths([1.0], [4], 1, untimed)[0] for _ in range(PROBE_INTERVAL + 1)][-1] == 4
+
+
+def test_a_rows_own_share_of_a_large_batch_still_proposes() -> None:
+    """The 5 % margin is the step's: one row of 32 cannot lift the step's tokens by 5 %, and must not have to."""
+    cost = StepCost(plain_s=1.0, pass_s=0.0, verify_token_s=0.0)
+    assert own_limits([0.6], [4], 32, cost) == [4]
+
+
+def test_the_step_timer_keeps_plain_steps_apart_by_batch_size() -> None:
+    timer = StepTimer()
+    timer.record(2.0, 8, 0, is_decode_only=True)
+    timer.record(1.0, 2, 0, is_decode_only=True)
+    timer.record(5.0, 2, 0, is_decode_only=False)  # a prefill step says nothing about proposals
+    timer.record(1.5, 2, 5, is_decode_only=True)
+    assert timer.plain_s(8) == 2.0 and timer.plain_s(2) == 1.0 and timer.plain_s(4) is None
+    assert timer.verify_token_s == pytest.approx(0.1)
+
+
+def draft_with_own_pool(runner: ModelRunner, draft_dir: Path, max_catch_up_tokens: int) -> DraftProposer:
+    return DraftProposer(load_draft_model(str(draft_dir), runner), max_catch_up_tokens)
+
+
+def decoding_request(runner: ModelRunner, request_id: str, tokens: list[int], num_spec_tokens: int) -> ScheduledChunk:
+    """A request ready to decode with `num_spec_tokens` placeholders, its blocks taken from the top of the pool."""
+    request = Request(request_id, tokens, max_tokens=50)
+    request.num_computed_tokens = len(tokens) - 1
+    num_blocks = -(-(len(tokens) + num_spec_tokens) // runner.kv_pool.block_size)
+    request.block_table = list(range(runner.kv_pool.num_blocks - num_blocks, runner.kv_pool.num_blocks))
+    request.spec_token_ids = [0] * num_spec_tokens
+    return ScheduledChunk.of(request, 1 + num_spec_tokens)
+
+
+def test_a_draft_never_trusts_the_kv_of_its_rejected_proposals(
+    endless_runner: ModelRunner, random_draft_dir: Path
+) -> None:
+    """Propose 4, have 1 accepted, decode a plain step, propose again: the proposal equals a fresh draft's."""
+    proposer = draft_with_own_pool(endless_runner, random_draft_dir, 512)
+    prompt = list(range(100, 140))
+    chunk = decoding_request(endless_runner, "r", prompt, 4)
+    proposer.fill([chunk])
+    request = chunk.request
+    accepted = request.spec_token_ids[0]
+    proposer.rewind("r", 4, 1)
+    request.output_token_ids = [accepted, 7]  # the one accepted proposal, then the model's own token
+    request.num_computed_tokens = len(prompt) + 1
+    request.spec_token_ids = []
+    request.output_token_ids.append(9)  # a plain step: the target computed token 7, sampled 9
+    request.num_computed_tokens += 1
+    request.spec_token_ids = [0, 0]
+    again = proposer.fill([ScheduledChunk.of(request, 3)])
+    fresh = draft_with_own_pool(endless_runner, random_draft_dir, 512)
+    twin = decoding_request(endless_runner, "twin", request.prompt_token_ids + request.output_token_ids, 2)
+    fresh.fill([twin])
+    assert again == [] and request.spec_token_ids == twin.request.spec_token_ids
+
+
+def test_a_long_catch_up_is_cut_into_chunks_and_the_row_waits_for_it(
+    endless_runner: ModelRunner, random_draft_dir: Path
+) -> None:
+    proposer = draft_with_own_pool(endless_runner, random_draft_dir, 16)
+    chunk = decoding_request(endless_runner, "long", list(range(100, 140)), 2)
+    assert proposer.fill([chunk]) == [chunk] and chunk.request.spec_token_ids == [0, 0]  # 16 of 39 caught up
+    assert proposer.fill([chunk]) == [chunk]  # 32 of 39
+    assert proposer.fill([chunk]) == [] and chunk.request.spec_token_ids != [0, 0]
