@@ -46,7 +46,7 @@ def load_model_info(config: Config) -> ModelInfo:
 def _speculative_methods(config: Config, num_layers: int) -> frozenset[str]:
     """A self-draft needs a layer to leave out; a draft model, one configured (the workers share this Config)."""
     methods = {"ngram", "none"}
-    if num_layers >= 2:
+    if config.self_draft_layers(num_layers) is not None:
         methods.add("self")
     if config.speculative_draft_model:
         methods.add("draft")

@@ -85,6 +85,11 @@ class Config:
     def model_name(self) -> str:
         return self.served_model_name or Path(self.model.rstrip("/")).name
 
+    def self_draft_layers(self, num_model_layers: int) -> int | None:
+        """The self-draft's decoder layers for a model of `num_model_layers`; None when none can be left out."""
+        num_layers = self.spec_self_draft_layers or max(1, num_model_layers // 2)
+        return num_layers if 1 <= num_layers < num_model_layers else None
+
     def to_env(self) -> dict[str, str]:
         """The environment that makes a child process's `from_env` return this Config."""
         env = {f.name.upper(): str(getattr(self, f.name)) for f in dataclasses.fields(self)}

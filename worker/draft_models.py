@@ -7,11 +7,10 @@ import copy
 import logging
 
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from tasks.config import Config
 from worker.draft_proposer import DraftModel, DraftProposer
-from worker.kv_pool import KVPool, KVShape
 from worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -21,26 +20,25 @@ def load_proposers(config: Config, runner: ModelRunner) -> dict[str, DraftPropos
     """Raises ValueError when the worker's default method needs a proposer that cannot be built."""
     proposers = {}
     try:
-        proposers["self"] = DraftProposer(self_draft(runner, config.spec_self_draft_layers), config.prefill_chunk_size)
+        proposers["self"] = DraftProposer(self_draft(runner, config), config.prefill_chunk_size)
     except ValueError as exc:
         if config.speculative_method == "self":
             raise
         logger.warning("no self-draft speculation: %s", exc)
-    if config.speculative_draft_model:
-        draft = load_draft_model(config.speculative_draft_model, runner)
-        proposers["draft"] = DraftProposer(draft, config.prefill_chunk_size)
+    if runner.draft_model is not None:
+        proposers["draft"] = DraftProposer(loaded_draft_model(runner), config.prefill_chunk_size)
     elif config.speculative_method == "draft":
         raise ValueError("SPECULATIVE_METHOD=draft needs SPECULATIVE_DRAFT_MODEL")
     return proposers
 
 
-def self_draft(runner: ModelRunner, num_layers: int) -> DraftModel:
-    """The target's first `num_layers` decoder layers (0: half of them), its final norm and LM head, sharing the
-    target's weights and its KV pool: those layers' K/V of every computed token are already there."""
+def self_draft(runner: ModelRunner, config: Config) -> DraftModel:
+    """The target's first SPEC_SELF_DRAFT_LAYERS decoder layers, its final norm and LM head, sharing the target's
+    weights and its KV pool: those layers' K/V of every computed token are already there."""
     num_target_layers = runner.model.config.num_hidden_layers
-    num_layers = num_layers or max(1, num_target_layers // 2)
-    if not 1 <= num_layers < num_target_layers:
-        raise ValueError(f"a self-draft needs 1 to {num_target_layers - 1} layers, got {num_layers}")
+    num_layers = config.self_draft_layers(num_target_layers)
+    if num_layers is None:
+        raise ValueError(f"a self-draft of a {num_target_layers}-layer model needs 1 to {num_target_layers - 1} layers")
     model = truncated_model(runner.model, num_layers)
     logger.info("self-draft speculation: the first %d of %d layers", num_layers, num_target_layers)
     return DraftModel(model, runner.kv_pool, runner.device, runner.is_flash, shares_target_pool=True)
@@ -67,29 +65,10 @@ def _with_own_children(module: nn.Module) -> nn.Module:
     return clone
 
 
-def load_draft_model(name: str, runner: ModelRunner) -> DraftModel:
-    """The draft model on the target's device and dtype, with a pool of the target's blocks (same ids and size), so
-    a request's block table addresses its draft K/V too."""
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=runner.dtype, attn_implementation=runner.attention_backend)
-    model.to(runner.device).eval()
-    draft_vocab, target_vocab = model.config.vocab_size, runner.model.config.vocab_size
-    if draft_vocab > target_vocab:
-        raise ValueError(f"the draft model's vocabulary ({draft_vocab}) is larger than the target's ({target_vocab})")
-    if model.config.max_position_embeddings < runner.max_model_len:
-        raise ValueError(
-            f"the draft model's context ({model.config.max_position_embeddings}) is shorter than the target's "
-            f"max_model_len ({runner.max_model_len})"
-        )
-    target_pool = runner.kv_pool
-    pool = KVPool(
-        KVShape.of(model.config),
-        target_pool.num_blocks,
-        target_pool.block_size,
-        runner.dtype,
-        runner.device,
-        is_heads_major=target_pool.is_heads_major,
+def loaded_draft_model(runner: ModelRunner) -> DraftModel:
+    """The draft model the runner loaded, over its own pool of the target's blocks (same ids and size)."""
+    if runner.draft_model is None or runner.draft_kv_pool is None:
+        raise ValueError("the worker loaded no draft model")
+    return DraftModel(
+        runner.draft_model, runner.draft_kv_pool, runner.device, runner.is_flash, shares_target_pool=False
     )
-    logger.info(
-        "draft model %s: %.1fM parameters, KV pool %.1f MiB", name, model.num_parameters() / 1e6, pool.num_bytes / 2**20
-    )
-    return DraftModel(model, pool, runner.device, runner.is_flash, shares_target_pool=False)

@@ -72,14 +72,11 @@ class KVPool:
         return self.cache.numel() * self.cache.element_size()
 
 
-def num_pool_tokens(
-    config: Config, shape: KVShape, dtype: torch.dtype, device: torch.device, max_model_len: int
-) -> int:
+def num_pool_tokens(config: Config, bytes_per_token: int, device: torch.device, max_model_len: int) -> int:
     """KV_CACHE_TOKENS when set; else a fraction of free CUDA memory, or enough for every sequence at full length
     on CPU (capped by a share of available RAM)."""
     if config.kv_cache_tokens > 0:
         return config.kv_cache_tokens
-    bytes_per_token = shape.bytes_per_token(dtype)
     if device.type == "cuda":
         free_bytes, _ = torch.cuda.mem_get_info(device)
         return int(free_bytes * config.kv_cache_memory_fraction) // bytes_per_token

@@ -14,6 +14,7 @@ from scheduler.batch import Batch
 from steering.batch_hooks import BatchHooks
 from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
+from worker.draft_weights import load_draft_weights
 from worker.kv_pool import KVPool, KVShape, num_pool_tokens
 from worker.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_available, register_paged_attention
 from worker.paged_step import PagedStep, build_paged_step
@@ -77,7 +78,17 @@ class ModelRunner:
         self.model.to(self.device).eval()
         self.eos_token_ids = read_eos_token_ids(self.model)
         self.max_model_len = config.max_model_len or int(self.model.config.max_position_embeddings)
-        self.kv_pool = self._allocate_kv_pool(config)
+        self.draft_model: PreTrainedModel | None = None  # SPECULATIVE_DRAFT_MODEL's, with its own pool of our blocks
+        if config.speculative_draft_model:
+            self.draft_model = load_draft_weights(
+                config.speculative_draft_model,
+                self.model.config,
+                self.device,
+                self.dtype,
+                self.attention_backend,
+                self.max_model_len,
+            )
+        self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config)
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
         self._hooks = BatchHooks(self.model)
         logger.info(
@@ -96,24 +107,30 @@ class ModelRunner:
     def is_flash(self) -> bool:
         return self.attention_backend == FLASH_BACKEND
 
-    def _allocate_kv_pool(self, config: Config) -> KVPool:
+    def _allocate_kv_pools(self, config: Config) -> tuple[KVPool, KVPool | None]:
+        """The target's pool and, with a draft model, the draft's: the same blocks (a request's block table
+        addresses both), sized together so that both fit."""
         block_size = config.kv_block_size or (FLASH_BLOCK_SIZE if self.is_flash else SDPA_BLOCK_SIZE)
         if self.is_flash and block_size % FLASH_BLOCK_SIZE:
             raise ValueError(f"flash-attn's paged kernels need KV_BLOCK_SIZE to be a multiple of {FLASH_BLOCK_SIZE}")
-        shape = KVShape.of(self.model.config)
-        num_tokens = num_pool_tokens(config, shape, self.dtype, self.device, self.max_model_len)
+        shapes = [KVShape.of(model.config) for model in (self.model, self.draft_model) if model is not None]
+        bytes_per_token = sum(shape.bytes_per_token(self.dtype) for shape in shapes)
+        num_tokens = num_pool_tokens(config, bytes_per_token, self.device, self.max_model_len)
         num_blocks = num_tokens // block_size
         if num_blocks < 1:
             raise ValueError(f"the KV pool holds {num_tokens} tokens, less than one block of {block_size}")
-        pool = KVPool(shape, num_blocks, block_size, self.dtype, self.device, is_heads_major=not self.is_flash)
+        pools = [
+            KVPool(shape, num_blocks, block_size, self.dtype, self.device, is_heads_major=not self.is_flash)
+            for shape in shapes
+        ]
         logger.info(
-            "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB)",
+            "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB, the draft's included)",
             num_blocks,
             block_size,
             num_blocks * block_size,
-            pool.num_bytes / 2**20,
+            sum(pool.num_bytes for pool in pools) / 2**20,
         )
-        return pool
+        return pools[0], pools[1] if len(pools) > 1 else None
 
     @torch.inference_mode()
     def run(

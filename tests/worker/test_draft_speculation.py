@@ -13,10 +13,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from scheduler.batch import ScheduledChunk
 from scheduler.request import Request
 from tasks.config import Config
-from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
+from tests.worker.engine_harness import greedy, hf_greedy, load_runner, run, serve, submit_together
 from tests.worker.test_engine_batching import random_prompts, submit_staggered
 from tests.worker.test_speculation import grounded_prompt
-from worker.draft_models import load_draft_model, truncated_model
+from worker.draft_models import loaded_draft_model, truncated_model
 from worker.draft_policy import PROBE_INTERVAL, DraftPolicy, StepCost, StepTimer, most_rewarding_length, own_limits
 from worker.draft_proposer import DraftProposer
 from worker.engine import EngineRequest
@@ -65,7 +65,8 @@ def test_greedy_output_is_identical_with_a_model_proposer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = dataclasses.replace(draft_configs(tiny_config, random_draft_dir)[name], spec_max_batch_size=8)
-    serving = serve(endless_runner, config, caplog)
+    runner = endless_runner if name == "self" else load_runner(config, stops_at_eos=False)  # loads the draft
+    serving = serve(runner, config, caplog)
     engine = next(serving)
     alone = grounded_prompt(0)
     assert run(engine, "alone", alone, greedy(30)).token_ids == hf_greedy(reference_model, frozenset(), alone, 30)
@@ -209,8 +210,13 @@ def test_the_step_timer_keeps_plain_steps_apart_by_batch_size() -> None:
     assert timer.verify_token_s == pytest.approx(0.1)
 
 
-def draft_with_own_pool(runner: ModelRunner, draft_dir: Path, max_catch_up_tokens: int) -> DraftProposer:
-    return DraftProposer(load_draft_model(str(draft_dir), runner), max_catch_up_tokens)
+@pytest.fixture(scope="module")
+def random_draft_runner(tiny_config: Config, random_draft_dir: Path) -> ModelRunner:
+    return ModelRunner(dataclasses.replace(tiny_config, speculative_draft_model=str(random_draft_dir)))
+
+
+def draft_with_own_pool(runner: ModelRunner, max_catch_up_tokens: int) -> DraftProposer:
+    return DraftProposer(loaded_draft_model(runner), max_catch_up_tokens)
 
 
 def decoding_request(runner: ModelRunner, request_id: str, tokens: list[int], num_spec_tokens: int) -> ScheduledChunk:
@@ -223,13 +229,11 @@ def decoding_request(runner: ModelRunner, request_id: str, tokens: list[int], nu
     return ScheduledChunk.of(request, 1 + num_spec_tokens)
 
 
-def test_a_draft_never_trusts_the_kv_of_its_rejected_proposals(
-    endless_runner: ModelRunner, random_draft_dir: Path
-) -> None:
+def test_a_draft_never_trusts_the_kv_of_its_rejected_proposals(random_draft_runner: ModelRunner) -> None:
     """Propose 4, have 1 accepted, decode a plain step, propose again: the proposal equals a fresh draft's."""
-    proposer = draft_with_own_pool(endless_runner, random_draft_dir, 512)
+    proposer = draft_with_own_pool(random_draft_runner, 512)
     prompt = list(range(100, 140))
-    chunk = decoding_request(endless_runner, "r", prompt, 4)
+    chunk = decoding_request(random_draft_runner, "r", prompt, 4)
     proposer.fill([chunk])
     request = chunk.request
     accepted = request.spec_token_ids[0]
@@ -241,17 +245,15 @@ def test_a_draft_never_trusts_the_kv_of_its_rejected_proposals(
     request.num_computed_tokens += 1
     request.spec_token_ids = [0, 0]
     again = proposer.fill([ScheduledChunk.of(request, 3)])
-    fresh = draft_with_own_pool(endless_runner, random_draft_dir, 512)
-    twin = decoding_request(endless_runner, "twin", request.prompt_token_ids + request.output_token_ids, 2)
+    fresh = draft_with_own_pool(random_draft_runner, 512)
+    twin = decoding_request(random_draft_runner, "twin", request.prompt_token_ids + request.output_token_ids, 2)
     fresh.fill([twin])
     assert again == [] and request.spec_token_ids == twin.request.spec_token_ids
 
 
-def test_a_long_catch_up_is_cut_into_chunks_and_the_row_waits_for_it(
-    endless_runner: ModelRunner, random_draft_dir: Path
-) -> None:
-    proposer = draft_with_own_pool(endless_runner, random_draft_dir, 16)
-    chunk = decoding_request(endless_runner, "long", list(range(100, 140)), 2)
+def test_a_long_catch_up_is_cut_into_chunks_and_the_row_waits_for_it(random_draft_runner: ModelRunner) -> None:
+    proposer = draft_with_own_pool(random_draft_runner, 16)
+    chunk = decoding_request(random_draft_runner, "long", list(range(100, 140)), 2)
     assert proposer.fill([chunk]) == [chunk] and chunk.request.spec_token_ids == [0, 0]  # 16 of 39 caught up
     assert proposer.fill([chunk]) == [chunk]  # 32 of 39
     assert proposer.fill([chunk]) == [] and chunk.request.spec_token_ids != [0, 0]

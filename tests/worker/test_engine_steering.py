@@ -15,10 +15,9 @@ from steering.sae_math import steering_direction
 from tasks.config import Config
 from tasks.steering_messages import SteeringFeature, SteeringSpec, SteeringVector
 from tests.steering.sae_folders import TINY_SAE_ID
-from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
+from tests.worker.engine_harness import greedy, hf_greedy, load_runner, run, serve, submit_together
 from worker.continuous_engine import ContinuousEngine
 from worker.engine import EngineRequest
-from worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.usefixtures("tiny_sae_root")
 MAX_TOKENS = 10
@@ -165,7 +164,6 @@ def test_the_prefix_cache_never_serves_kv_computed_under_other_steering(
 @pytest.mark.parametrize("method", ["ngram", "self", "draft"])
 def test_only_the_steered_row_of_a_mixed_batch_stays_out_of_speculation(
     method: str,
-    endless_runner: ModelRunner,
     tiny_config: Config,
     tokenizer: PreTrainedTokenizerBase,
     steering_demo: dict,
@@ -173,7 +171,7 @@ def test_only_the_steered_row_of_a_mixed_batch_stays_out_of_speculation(
 ) -> None:
     # the target as its own draft: every proposal is right, so an unsteered row always has proposals to report
     config = dataclasses.replace(tiny_config, speculative_method=method, speculative_draft_model=tiny_config.model)
-    serving = serve(endless_runner, config, caplog)
+    serving = serve(load_runner(config, stops_at_eos=False), config, caplog)
     engine = next(serving)
     prompt = chat_prompt(tokenizer, "one two three one two three one two three")
     solo_steered = run(engine, "solo-steered", prompt, greedy(16), feature_spec(steering_demo, 1)).token_ids
