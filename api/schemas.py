@@ -43,7 +43,8 @@ class ChatMessage(StrictModel):
 
 
 class SpeculativeBody(StrictModel):
-    """Per-request speculative decoding; only requests without penalties, logprobs, a seed or steering speculate."""
+    """Per-request speculative decoding; only greedy or unseeded requests without penalties, logprobs, steering or
+    monitoring speculate."""
 
     method: Literal["ngram", "none", "draft", "self"]
     num_tokens: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)

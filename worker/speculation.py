@@ -4,8 +4,9 @@ and the request keeps the longest prefix the model agrees with (greedy) or that 
 
 Proposers: prompt lookup (what followed the last occurrence of the request's latest n-gram in its own prompt and
 output), and the model-based ones of `worker.draft_proposer` (a draft model, or the target's own first layers).
-Only requests without penalties, logprobs, pending min_tokens, steering, monitoring or a seed speculate: for them
-greedy output is exactly what plain decoding produces, and sampled output is distributed exactly as it would be.
+Only greedy or unseeded requests without penalties, logprobs, pending min_tokens, steering or monitoring speculate
+(a seeded sampled row's draws must not depend on its batch): for them greedy output is exactly what plain decoding
+produces, and sampled output is distributed exactly as it would be.
 Each request's number of proposed tokens adapts to how many it has had accepted (and, for a model proposer, to what
 a proposal costs), and nothing is proposed in steps with more running requests than `spec_max_batch_size`, where
 the extra tokens would cost more than they save.
@@ -66,10 +67,10 @@ def verify_sampled(
     proposed: list[int],
     generator: torch.Generator | None,
 ) -> list[int]:
-    """Leviathan et al.'s rule for a proposer that is certain of its token (q is one-hot, as prompt lookup is): keep
-    proposed token x with probability p(x); at the first rejection draw from p with x removed, renormalized;
-    after k acceptances draw the bonus token from p. The tokens are then distributed exactly as sampling from p
-    one step at a time would give."""
+    """Leviathan et al.'s rule for a proposer that is certain of its token (q is one-hot, as prompt lookup and our
+    greedy draft models are): keep proposed token x with probability p(x); at the first rejection draw from p with
+    x removed, renormalized; after k acceptances draw the bonus token from p. The tokens are then distributed
+    exactly as sampling from p one step at a time would give."""
     accepted = []
     for position, token in enumerate(proposed):
         row = probs[position]
