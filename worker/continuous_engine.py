@@ -19,6 +19,7 @@ from scheduler.request import Request
 from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
+from worker.admission import admission_error
 from worker.draft_models import load_proposers
 from worker.engine import EngineOutput, EngineRequest, OutputCallback
 from worker.engine_sequence import EngineSequence, Submission
@@ -27,6 +28,7 @@ from worker.model_runner import ModelRunner
 from worker.request_sae import RequestSAE, resolve_request_sae
 from worker.sampler import SamplingRow
 from worker.speculation import Allowance, SpeculationConfig, Speculator
+from worker.speculation_allowance import speculation_allowance
 from worker.step_tokens import pick_tokens
 from worker.worker_monitor import WorkerMonitor
 
@@ -163,7 +165,9 @@ class ContinuousEngine:
         generator = self._generator_for(request)
         sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae)
         self._sequences[request.request_id] = sequence
-        error = submission.sae_error or self._check(request)
+        error = submission.sae_error or admission_error(
+            request, self._runner.max_model_len, self._scheduler.max_tokens_fitting(), self._speculator.methods
+        )
         if error is not None:
             refusal = EngineOutput(request.request_id, [], error=error, is_request_error=True)
             self._finish(request.request_id, refusal)
@@ -190,28 +194,6 @@ class ContinuousEngine:
         if request.sampling.seed is None:
             return None
         return torch.Generator(device=self._runner.device).manual_seed(request.sampling.seed % 2**64)
-
-    def _check(self, request: EngineRequest) -> str | None:
-        num_prompt_tokens = len(request.prompt_token_ids)
-        max_model_len = self._runner.max_model_len
-        if num_prompt_tokens == 0:
-            return "the prompt is empty"
-        if num_prompt_tokens > max_model_len - 1:
-            return (
-                f"the prompt has {num_prompt_tokens} tokens; at most {max_model_len - 1} fit this model's context "
-                f"of {max_model_len} tokens with one to generate"
-            )
-        if request.sampling.max_tokens < 1:
-            return f"max_tokens must be at least 1, got {request.sampling.max_tokens}"
-        method = request.sampling.speculative_method
-        if method not in (None, "none", *self._speculator.methods):
-            offered = ", ".join(sorted(self._speculator.methods))
-            return f"speculative method {method!r} is not available on this worker (it offers {offered}, none)"
-        num_needed = min(num_prompt_tokens + request.sampling.max_tokens, max_model_len)
-        num_fitting = self._scheduler.max_tokens_fitting()
-        if num_needed > num_fitting:
-            return f"the request needs {num_needed} tokens of KV cache; the pool holds {num_fitting}"
-        return None
 
     def _step_or_fail(self) -> None:
         with self._cond:
@@ -246,26 +228,10 @@ class ContinuousEngine:
         for update, logprob in zip(updates, picked.logprobs, strict=True):
             self._emit(update, logprob)
 
-    def _can_speculate(self, request: Request) -> bool:
-        """Rows whose verified tokens are what plain decoding would produce (greedy) or are distributed as it
-        would draw them (unseeded sampling), and that change no steered or monitored activations: while the
-        worker-wide monitor runs, every row is monitored, and rejected proposals must not enter its statistics."""
-        sequence = self._sequences[request.request_id]
-        sampling = sequence.request.sampling
-        # A seeded row's draws must not depend on the batch, which decides whether it speculates.
-        is_sampled_safely = sampling.is_greedy or sampling.seed is None
-        is_plain = is_sampled_safely and not sampling.has_penalties and sampling.logprobs is None
-        is_unobserved = sequence.sae is None and self._step_monitor is None
-        return is_plain and is_unobserved and request.num_output_tokens >= sampling.min_tokens
-
     def _speculation_allowance(self, request: Request) -> Allowance:
-        """The request's own speculative settings, else the worker's; 0 tokens for rows that must not speculate."""
-        sampling = self._sequences[request.request_id].request.sampling
-        method = sampling.speculative_method or self._config.speculative_method
-        if method not in self._speculator.methods or not self._can_speculate(request):
-            return Allowance(method, 0)
-        num_tokens = sampling.num_speculative_tokens or self._config.num_speculative_tokens
-        return Allowance(method, min(num_tokens, sampling.max_tokens - request.num_output_tokens - 1))
+        sequence = self._sequences[request.request_id]
+        is_monitored = self._step_monitor is not None
+        return speculation_allowance(sequence, request, self._config, self._speculator.methods, is_monitored)
 
     def _sampling_row(self, request: Request) -> SamplingRow:
         sequence = self._sequences[request.request_id]
