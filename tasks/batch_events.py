@@ -52,6 +52,8 @@ def set_stop_flag(client: redis.Redis, config: Config, batch_id: str, status: Li
     client.set(RedisKeys(config.redis_prefix).batch_stop_flag(batch_id), status.value, ex=config.stream_ttl_s)
 
 
-def read_stop_flag(client: redis.Redis, config: Config, batch_id: str) -> LineStatus | None:
-    value = client.get(RedisKeys(config.redis_prefix).batch_stop_flag(batch_id))
-    return LineStatus(value) if value else None
+def read_stop_flags(client: redis.Redis, config: Config, batch_ids: list[str]) -> dict[str, LineStatus]:
+    """The batches of `batch_ids` that are stopping, with the status their running lines end with."""
+    keys = RedisKeys(config.redis_prefix)
+    values = client.mget([keys.batch_stop_flag(batch_id) for batch_id in batch_ids])
+    return {batch_id: LineStatus(value) for batch_id, value in zip(batch_ids, values, strict=True) if value}

@@ -37,7 +37,7 @@ class WorkerRuntime:
 
 
 _runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the pool takes tasks
-_bulk: list[BulkRuntime] = []  # the same, for batch chunks and the batch reaper
+_bulk: list[BulkRuntime] = []  # the same, for batch chunks, the batch reaper and the stop watcher
 
 
 @worker_init.connect
@@ -69,7 +69,7 @@ def load_model(sender: WorkController, **_: object) -> None:
 @worker_shutdown.connect
 def stop_engine(**_: object) -> None:
     for bulk in _bulk:
-        bulk.reaper.stop()
+        bulk.stop()
     for runtime in _runtime:
         runtime.engine.stop()
         runtime.lease.stop()

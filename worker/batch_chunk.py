@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import redis
 from transformers import PreTrainedTokenizerFast
 
-from tasks.batch_events import publish_lines, read_stop_flag
+from tasks.batch_events import publish_lines
 from tasks.batch_messages import ChunkTask
 from tasks.batch_models import BatchLine, BatchRecord, LineStatus
 from tasks.batch_store import LineOutcome, claim_chunk, finish_lines, renew_lease, stop_status
@@ -21,13 +21,13 @@ from tasks.db import SessionFactory
 from tasks.messages import FinishReason, GenerateRequest
 from tasks.steering_store import read_profile
 from worker.batch_inbox import ChunkInbox
+from worker.batch_stops import StopWatcher
 from worker.choice import Choice, start_choice
 from worker.engine import BULK_PRIORITY, Engine, EngineOutput
 from worker.steering_report import PROFILE, REQUEST, SteeringReport
 from worker.task_runner import TaskRunner
 
 logger = logging.getLogger(__name__)
-POLL_S = 0.05
 RENEWALS_PER_LEASE = 3
 
 
@@ -86,9 +86,11 @@ class ChunkRunner(TaskRunner):
         client: redis.Redis,
         sessions: SessionFactory,
         worker: str,
+        stops: StopWatcher,
         after_chunk: Callable[[str], None],
     ) -> None:
         super().__init__(config, engine, tokenizer, client, sessions, worker)
+        self._stops = stops
         self._after_chunk = after_chunk  # closes the batch if this was its last line, and dispatches more
 
     def run(self, task: ChunkTask) -> None:
@@ -99,10 +101,12 @@ class ChunkRunner(TaskRunner):
             logger.info("chunk %s has nothing left to run; skipping the redelivery", task.chunk_id)
             return
         chunk = _Chunk(task, owner, {})
+        self._stops.watch(task.batch_id, chunk.inbox)
         try:
             self._submit_all(chunk, lines)
             self._follow(chunk)
         finally:
+            self._stops.forget(task.batch_id, chunk.inbox)
             for request_id in chunk.runs:
                 self.engine.cancel(request_id)
         self._after_chunk(task.batch_id)
@@ -127,21 +131,18 @@ class ChunkRunner(TaskRunner):
         logger.info("chunk %s of %s: %d lines in the engine", task.chunk_id, task.batch_id, len(lines))
 
     def _follow(self, chunk: _Chunk) -> None:
-        next_poll = 0.0
-        next_renewal = time.monotonic() + self.config.batch_line_lease_s / RENEWALS_PER_LEASE  # the claim just leased
+        renew_every_s = self.config.batch_line_lease_s / RENEWALS_PER_LEASE
+        next_renewal = time.monotonic() + renew_every_s  # the claim has just leased the lines
         while chunk.runs:
-            now = time.monotonic()
-            if now >= next_poll:
-                next_poll = now + POLL_S
-                if not self.engine.is_alive():
-                    logger.error("the engine stopped; chunk %s will lapse and run again", chunk.task.chunk_id)
-                    return
-                self._check_stop(chunk, read_stop_flag(self.redis, self.config, chunk.task.batch_id))
-            if now >= next_renewal:
-                next_renewal = now + self.config.batch_line_lease_s / RENEWALS_PER_LEASE
-                self._renew(chunk)
             # lines that finish together are recorded in one transaction
-            outputs = chunk.inbox.take_news(timeout_s=POLL_S)
+            outputs = chunk.inbox.take_news(timeout_s=max(0.0, next_renewal - time.monotonic()))
+            if not self.engine.is_alive():
+                logger.error("the engine stopped; chunk %s will lapse and run again", chunk.task.chunk_id)
+                return
+            self._check_stop(chunk, chunk.inbox.stopped_as)
+            if time.monotonic() >= next_renewal:
+                next_renewal = time.monotonic() + renew_every_s
+                self._renew(chunk)
             self._record(chunk, [finished for output in outputs if (finished := self._take(chunk, output))])
 
     def _take(self, chunk: _Chunk, output: EngineOutput) -> tuple[_LineRun, LineOutcome] | None:

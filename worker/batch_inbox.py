@@ -1,8 +1,9 @@
-"""Where the engine thread leaves a batch chunk's outputs for the chunk's own thread.
+"""Where the engine thread leaves a batch chunk's outputs, and the stop watcher its batch's stop, for the chunk's own
+thread.
 
-That thread shares the GIL with the engine thread, so it wakes only for outputs it must act on at once: a line's
-last output, and every output of a line with stop strings (whose text is checked as it grows). The outputs of the
-other lines wait, and a request's waiting outputs are joined into one: one detokenizer push and one wake-up per
+That thread shares the GIL with the engine thread, so it wakes only for what it must act on at once: a stop, a
+line's last output, and every output of a line with stop strings (whose text is checked as it grows). The outputs of
+the other lines wait, and a request's waiting outputs are joined into one: one detokenizer push and one wake-up per
 line instead of one per engine step, which took the engine thread's GIL every step."""
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from tasks.batch_models import LineStatus
 from worker.engine import EngineOutput
 
 
-@dataclass
+@dataclass(eq=False)
 class ChunkInbox:
     joinable: deque[EngineOutput] = field(default_factory=deque)
     urgent: deque[EngineOutput] = field(default_factory=deque)
     has_news: threading.Event = field(default_factory=threading.Event)
+    stopped_as: LineStatus | None = None  # the batch is being cancelled or expired: its running lines end so
+
+    def stop(self, status: LineStatus) -> None:
+        self.stopped_as = status
+        self.has_news.set()
 
     def put(self, output: EngineOutput) -> None:
         self.joinable.append(output)

@@ -1,4 +1,5 @@
-"""The worker's Batch API side: the chunk runner its Celery threads use, and the reaper thread every worker runs."""
+"""The worker's Batch API side: the chunk runner its Celery threads use, and the reaper and stop-watcher threads every
+worker runs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tasks.celery_app import enqueue_chunk
 from tasks.config import Config
 from tasks.db import SessionFactory
 from worker.batch_chunk import ChunkRunner
+from worker.batch_stops import StopWatcher
 from worker.engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,11 @@ class BatchReaper:
 class BulkRuntime:
     chunks: ChunkRunner
     reaper: BatchReaper
+    stops: StopWatcher
+
+    def stop(self) -> None:
+        self.reaper.stop()
+        self.stops.stop()
 
 
 def start_bulk(
@@ -77,7 +84,9 @@ def start_bulk(
             config.batch_chunks_in_flight,
             config.worker_concurrency,
         )
-    chunks = ChunkRunner(config, engine, tokenizer, client, sessions, worker, after_chunk)
+    stops = StopWatcher(client, config)
+    stops.start()
+    chunks = ChunkRunner(config, engine, tokenizer, client, sessions, worker, stops, after_chunk)
     reaper = BatchReaper(config.batch_reaper_interval_s, lambda: reap_once(sessions, client, config, enqueue))
     reaper.start()
-    return BulkRuntime(chunks, reaper)
+    return BulkRuntime(chunks, reaper, stops)

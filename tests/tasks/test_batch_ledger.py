@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from tasks.batch_events import read_stop_flag
+from tasks.batch_events import read_stop_flags
 from tasks.batch_finalize import finalize_if_done
 from tasks.batch_messages import ChunkTask
 from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, FileRecord, LineStatus
@@ -228,7 +228,7 @@ def test_a_reaper_pass_expires_a_due_batch_and_fails_an_interrupted_validation(
     session.expire_all()
     assert session.get(BatchRecord, due).status == "expired"  # type: ignore[union-attr]
     assert statuses(session, due) == ["expired"] * 3 and enqueued == []
-    assert read_stop_flag(client, config, due) == LineStatus.EXPIRED
+    assert read_stop_flags(client, config, [due, "batch_other"]) == {due: LineStatus.EXPIRED}
     assert session.get(BatchRecord, stuck.id).status == "failed"  # type: ignore[union-attr]
     events = client.xrange(RedisKeys(config.redis_prefix).batch_stream(due))
     assert json.loads(events[-1][1]["event"])["status"] == "expired"

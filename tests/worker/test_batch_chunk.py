@@ -22,6 +22,7 @@ from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.messages import Endpoint, FinishReason, GenerateRequest, SamplingParams
 from tests.batch_rows import queued_line_row
 from worker.batch_chunk import ChunkRunner
+from worker.batch_stops import StopWatcher
 from worker.engine import BULK_PRIORITY, EngineOutput, EngineRequest, OutputCallback
 
 
@@ -98,8 +99,11 @@ def setup(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[tupl
     engine = ScriptedEngine(token_id=the)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     sessions = make_session_factory(make_db_engine(database_url))
-    runner = ChunkRunner(config, engine, tokenizer, client, sessions, "test-worker", after_chunk=lambda _: None)
+    stops = StopWatcher(client, config)
+    stops.start()
+    runner = ChunkRunner(config, engine, tokenizer, client, sessions, "test-worker", stops, after_chunk=lambda _: None)
     yield config, runner, engine
+    stops.stop()
     engine.stop()
     for key in client.scan_iter(f"{config.redis_prefix}*"):
         client.delete(key)
