@@ -30,7 +30,7 @@ class RequestCounts:
     failed: int  # failed, cancelled and expired lines: at the end completed + failed == total
 
     def to_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
+        return {"total": self.total, "completed": self.completed, "failed": self.failed}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestCounts:
@@ -54,7 +54,15 @@ class BatchEvent:
     line_status: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "type": self.type.value, "request_counts": self.request_counts.to_dict()}
+        # field by field: dataclasses.asdict deep-copies, and a worker builds one of these per finished line
+        return {
+            "type": self.type.value,
+            "status": self.status,
+            "request_counts": self.request_counts.to_dict(),
+            "line_no": self.line_no,
+            "custom_id": self.custom_id,
+            "line_status": self.line_status,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BatchEvent:

@@ -78,7 +78,8 @@ def count_open_lines(session: Session, batch_id: str) -> int:
 
 def dispatch_chunks(session: Session, config: Config, now: float | None = None) -> list[ChunkTask]:
     """Mark queued lines dispatched, a chunk at a time, oldest batch first, until `batch_chunks_in_flight` chunks
-    are dispatched or running; the caller enqueues the returned chunks (a lost one is redispatched at its deadline)."""
+    are dispatched or running, in one transaction; the caller enqueues the returned chunks (a lost one is
+    redispatched at its deadline)."""
     now = time.time() if now is None else now
     in_flight_values = (LineStatus.DISPATCHED.value, LineStatus.RUNNING.value)
     num_in_flight = (
@@ -91,6 +92,8 @@ def dispatch_chunks(session: Session, config: Config, now: float | None = None) 
         if chunk is None:
             break
         chunks.append(chunk)
+    session.commit()
+    session.expire_all()  # the UPDATEs bypassed the ORM, so lines this session had loaded must load again
     return chunks
 
 
@@ -105,23 +108,22 @@ def _dispatch_one(session: Session, config: Config, now: float) -> ChunkTask | N
     batch_id = session.scalar(queued)
     if batch_id is None:
         return None
-    line_ids = session.scalars(
-        select(BatchLine.id)
-        .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.QUEUED.value)
-        .order_by(BatchLine.line_no)
+    first_queued = (
+        select(_LINES.c.id)
+        .where(_LINES.c.batch_id == batch_id, _LINES.c.status == LineStatus.QUEUED.value)
+        .order_by(_LINES.c.line_no)
         .limit(config.batch_chunk_size)
-    ).all()
+    )
     chunk = ChunkTask(batch_id=batch_id, chunk_id=new_id("chunk_"))
     session.execute(
-        update(BatchLine)
-        .where(BatchLine.id.in_(line_ids), BatchLine.status == LineStatus.QUEUED.value)
+        update(_LINES)
+        .where(_LINES.c.id.in_(first_queued), _LINES.c.status == LineStatus.QUEUED.value)
         .values(
             status=LineStatus.DISPATCHED.value,
             chunk_id=chunk.chunk_id,
             lease_expires_at=now + config.batch_dispatch_timeout_s,
         )
     )
-    session.commit()
     return chunk
 
 
