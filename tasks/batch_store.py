@@ -156,16 +156,19 @@ def _held_by(chunk_id: str, owner: str) -> tuple:
 
 
 def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome]) -> set[int]:
-    """Record running lines' one results (by line id) in one transaction; returns the ids recorded, leaving out those
-    `owner` no longer holds (their lease lapsed and they moved on)."""
-    recorded = set()
+    """Record running lines' one results (by line id) in one transaction of the session's own; returns the ids
+    recorded, leaving out those `owner` no longer holds (their lease lapsed and they moved on)."""
     finished_at = time.time()
+    rows = []
     for line_id, outcome in outcomes.items():
-        params = {name: getattr(outcome, name) for name in _OUTCOME_COLUMNS}
-        params.update(status=outcome.status.value, finished_at=finished_at, line_id=line_id, owner=owner)
-        moved = session.execute(_FINISH_LINE, params)
-        if moved.rowcount == 1:
-            recorded.add(line_id)
+        row = {name: getattr(outcome, name) for name in _OUTCOME_COLUMNS}
+        row.update(status=outcome.status.value, finished_at=finished_at, line_id=line_id, owner=owner)
+        rows.append(row)
+    if rows and session.execute(_FINISH_LINE, rows).rowcount == len(rows):
+        recorded = set(outcomes)  # the usual case, in one executemany: every line was still held
+    else:  # some line was taken: undo, and learn line by line which ones are still held
+        session.rollback()
+        recorded = {row["line_id"] for row in rows if session.execute(_FINISH_LINE, row).rowcount == 1}
     session.commit()
     session.expire_all()  # the UPDATE bypassed the ORM, so lines this session had loaded must load again
     return recorded

@@ -15,7 +15,7 @@ import pytest
 import redis
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -125,6 +125,18 @@ def test_dispatch_fills_the_window_with_chunks_oldest_batch_first(session: Sessi
     assert [line.line_no for line in lines] == [4]
     assert finish_lines(session, owner, {lines[0].id: done()}) == {lines[0].id}
     assert [chunk.batch_id for chunk in dispatch_chunks(session, CONFIG)] == [second]
+
+
+def test_lines_finished_together_are_recorded_except_those_taken_from_their_owner(session: Session) -> None:
+    batch_id = make_batch(session, 3)
+    [chunk] = dispatch_chunks(session, CONFIG)
+    lines = claim_chunk(session, chunk, "w#1", lease_s=30)
+    session.execute(update(BatchLine).where(BatchLine.id == lines[1].id).values(lease_owner="w#2"))
+    session.commit()
+    outcomes = {line.id: done(f"text {line.line_no}") for line in lines}
+    assert finish_lines(session, "w#1", outcomes) == {lines[0].id, lines[2].id}
+    assert statuses(session, batch_id) == ["completed", "running", "completed"]
+    assert [session.get(BatchLine, line.id).text for line in lines] == ["text 1", None, "text 3"]  # type: ignore[union-attr]
 
 
 def test_a_redelivered_chunk_claims_nothing_and_a_result_is_recorded_once(session: Session) -> None:
