@@ -118,15 +118,16 @@ def test_greedy_output_is_identical_with_and_without_speculation(
     next(serving, None)
 
 
+@pytest.mark.parametrize("method", ["ngram", "self"])
 def test_a_request_overrides_the_workers_speculative_default(
-    endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+    method: str, endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
 ) -> None:
     serving = serve(endless_runner, dataclasses.replace(tiny_config, speculative_method="none"), caplog)
     engine = next(serving)
     prompt = grounded_prompt(9)
     plain = run(engine, "default", prompt, greedy(20)).token_ids
     assert engine.stats.num_proposed_tokens == 0
-    asking = dataclasses.replace(greedy(20), speculative_method="ngram", num_speculative_tokens=2)
+    asking = dataclasses.replace(greedy(20), speculative_method=method, num_speculative_tokens=2)
     assert run(engine, "asking", prompt, asking).token_ids == plain
     assert engine.stats.num_proposed_tokens > 0
     assert engine.stats.num_proposed_tokens <= 2 * engine.stats.num_verifications
