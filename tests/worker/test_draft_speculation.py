@@ -13,9 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from scheduler.batch import ScheduledChunk
 from scheduler.request import Request
 from tasks.config import Config
-from tests.worker.engine_harness import greedy, hf_greedy, load_runner, run, serve, submit_together
+from tests.worker.engine_harness import greedy, hf_greedy, load_runner, run, serve
 from tests.worker.test_engine_batching import random_prompts, submit_staggered
-from tests.worker.test_speculation import grounded_prompt
+from tests.worker.test_speculation import assert_greedy_matches_hf_alone_and_mixed, grounded_prompt
 from worker.draft_models import loaded_draft_model, truncated_model
 from worker.draft_policy import PROBE_INTERVAL, DraftPolicy, StepCost, StepTimer, most_rewarding_length, own_limits
 from worker.draft_proposer import DraftProposer
@@ -68,15 +68,8 @@ def test_greedy_output_is_identical_with_a_model_proposer(
     runner = endless_runner if name == "self" else load_runner(config, stops_at_eos=False)  # loads the draft
     serving = serve(runner, config, caplog)
     engine = next(serving)
-    alone = grounded_prompt(0)
-    assert run(engine, "alone", alone, greedy(30)).token_ids == hf_greedy(reference_model, frozenset(), alone, 30)
     prompts = [grounded_prompt(i) for i in range(1, 4)] + random_prompts(2, seed=5, lengths=(3, 40))
-    requests = [EngineRequest(f"mixed-{i}", p, greedy(24)) for i, p in enumerate(prompts)]
-    logprobs_row = dataclasses.replace(greedy(24), logprobs=1)  # never speculates, shares the steps
-    requests.append(EngineRequest("with-logprobs", prompts[0], logprobs_row))
-    collectors = submit_together(engine, requests)
-    for prompt, collector in zip([*prompts, prompts[0]], collectors, strict=True):
-        assert collector.token_ids == hf_greedy(reference_model, frozenset(), prompt, 24)
+    assert_greedy_matches_hf_alone_and_mixed(engine, reference_model, prompts)
     stats = engine.stats
     assert stats.num_proposed_tokens > 0
     if name == "target-as-draft":

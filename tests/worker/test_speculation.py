@@ -14,6 +14,7 @@ from scheduler.request import Request
 from tasks.config import Config
 from tasks.messages import SamplingParams
 from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
+from worker.continuous_engine import ContinuousEngine
 from worker.engine import EngineRequest
 from worker.model_runner import ModelRunner
 from worker.speculation import (
@@ -91,6 +92,21 @@ def grounded_prompt(seed: int) -> list[int]:
     return [*passage, *passage, *passage[:10]]
 
 
+def assert_greedy_matches_hf_alone_and_mixed(
+    engine: ContinuousEngine, reference: PreTrainedModel, mixed_prompts: list[list[int]]
+) -> None:
+    """A grounded request alone, then `mixed_prompts` together beside a logprobs row that never speculates: every
+    output token-identical to HF `generate`."""
+    alone = grounded_prompt(0)
+    assert run(engine, "alone", alone, greedy(30)).token_ids == hf_greedy(reference, frozenset(), alone, 30)
+    requests = [EngineRequest(f"mixed-{i}", p, greedy(24)) for i, p in enumerate(mixed_prompts)]
+    logprobs_row = dataclasses.replace(greedy(24), logprobs=1)
+    requests.append(EngineRequest("with-logprobs", mixed_prompts[0], logprobs_row))
+    collectors = submit_together(engine, requests)
+    for prompt, collector in zip([*mixed_prompts, mixed_prompts[0]], collectors, strict=True):
+        assert collector.token_ids == hf_greedy(reference, frozenset(), prompt, 24)
+
+
 @pytest.mark.parametrize("method", ["ngram", "none"])
 def test_greedy_output_is_identical_with_and_without_speculation(
     method: str,
@@ -101,15 +117,7 @@ def test_greedy_output_is_identical_with_and_without_speculation(
 ) -> None:
     serving = serve(endless_runner, dataclasses.replace(tiny_config, speculative_method=method), caplog)
     engine = next(serving)
-    alone = grounded_prompt(0)
-    assert run(engine, "alone", alone, greedy(30)).token_ids == hf_greedy(reference_model, frozenset(), alone, 30)
-    prompts = [grounded_prompt(i) for i in range(1, 4)]
-    requests = [EngineRequest(f"mixed-{i}", p, greedy(24)) for i, p in enumerate(prompts)]
-    logprobs_row = dataclasses.replace(greedy(24), logprobs=1)  # never speculates, shares the steps
-    requests.append(EngineRequest("with-logprobs", prompts[0], logprobs_row))
-    collectors = submit_together(engine, requests)
-    for prompt, collector in zip([*prompts, prompts[0]], collectors, strict=True):
-        assert collector.token_ids == hf_greedy(reference_model, frozenset(), prompt, 24)
+    assert_greedy_matches_hf_alone_and_mixed(engine, reference_model, [grounded_prompt(i) for i in range(1, 4)])
     stats = engine.stats
     if method == "ngram":
         assert stats.num_accepted_tokens > 0 and stats.num_proposed_tokens >= stats.num_accepted_tokens
