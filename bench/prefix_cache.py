@@ -29,8 +29,8 @@ from worker.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None, description: str | None = __doc__) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="models/tiny")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--num-systems", type=int, default=8)
@@ -73,14 +73,20 @@ def median_of(summaries: list[Summary], field: str) -> float:
     return statistics.median(getattr(summary, field) for summary in summaries)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def cache_on_and_off(args: argparse.Namespace) -> tuple[ModelRunner, dict[str, Config]]:
+    """The runner, and the engine configs with the prefix cache on and off, for `args`."""
     configure_logging(Config())
     torch.set_num_threads(args.threads)
     config = Config(model=args.model, device="cpu", dtype=args.dtype, max_num_seqs=32, cpu_threads=args.threads)
-    runner = ModelRunner(config)
-    requests = workloads(args, runner.model.config.vocab_size)
     configs = {"cache on": config, "cache off": dataclasses.replace(config, enable_prefix_caching=False)}
+    return ModelRunner(config), configs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runner, configs = cache_on_and_off(args)
+    config = configs["cache on"]
+    requests = workloads(args, runner.model.config.vocab_size)
     run_once(runner, config, "warm-up", requests["unshared"][:4])
     results: dict[tuple[str, str], list[Summary]] = {}
     for repeat in range(args.repeats):

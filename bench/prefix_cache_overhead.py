@@ -6,26 +6,21 @@ End-to-end throughput on a shared 2-core machine varies by more than the 3 % the
 inside the block manager does not depend on that noise, and bounds what the cache can cost.
 
     .venv/bin/python -m bench.prefix_cache_overhead --model models/tiny [--threads 1] [--repeats 3]
+
+(the same options as bench.prefix_cache, whose unshared workload it runs)
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import functools
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from bench.engine_throughput import machine_description
-from bench.prefix_cache import run_once, workloads
+from bench.prefix_cache import cache_on_and_off, parse_args, run_once, workloads
 from scheduler.block_manager import BlockManager
-from tasks.config import Config
-from tasks.logs import configure_logging
-from worker.model_runner import ModelRunner
 
 TIMED_METHODS = ("can_allocate", "allocate", "free", "reuse_cached_prefix", "cache_full_blocks", "num_missing_blocks")
 
@@ -50,30 +45,11 @@ class BlockManagerClock:
         return timed
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="models/tiny")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--num-systems", type=int, default=8)
-    parser.add_argument("--turns", type=int, default=16)
-    parser.add_argument("--system-len", type=int, default=1000)
-    parser.add_argument("--output-len", type=int, default=16)
-    parser.add_argument("--rate", type=float, default=8.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    configure_logging(Config())
-    torch.set_num_threads(args.threads)
-    config = Config(model=args.model, device="cpu", dtype=args.dtype, max_num_seqs=32, cpu_threads=args.threads)
-    runner = ModelRunner(config)
+    args = parse_args(argv, description=__doc__)
+    runner, configs = cache_on_and_off(args)
     requests = workloads(args, runner.model.config.vocab_size)["unshared"]
     clock = BlockManagerClock()
-    configs = {"cache on": config, "cache off": dataclasses.replace(config, enable_prefix_caching=False)}
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in configs}
     for _ in range(args.repeats):
         for name, engine_config in configs.items():
