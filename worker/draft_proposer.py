@@ -49,28 +49,21 @@ class DraftProposer:
         """Replaces each chunk's placeholder proposals (its request's `spec_token_ids`) with the draft's tokens;
         returns the chunks left with placeholders, whose draft is still catching up on their tokens."""
         first_pass = [self._pass_chunk(chunk.request, 0) for chunk in chunks]
-        behind = [
-            chunk for chunk, first in zip(chunks, first_pass, strict=True) if first.end < chunk.request.num_tokens
-        ]
-        ready = [chunk for chunk in chunks if chunk not in behind]
-        for depth in range(max((chunk.num_spec_tokens for chunk in ready), default=0)):
-            passes = (
-                first_pass
-                if depth == 0
-                else [self._pass_chunk(c.request, depth) for c in ready if c.num_spec_tokens > depth]
-            )
-            tokens = self._timed_pass(passes)
-            for chunk, token in zip(passes, tokens, strict=True):
-                if chunk.end == chunk.request.num_tokens + depth:  # the row's proposal, not only its catch-up
-                    chunk.request.spec_token_ids[depth] = token
-        if not ready:
-            self._timed_pass(first_pass)
+        ready = []
+        for chunk, first, token in zip(chunks, first_pass, self._timed_pass(first_pass), strict=True):
+            if first.end == chunk.request.num_tokens:  # caught up: the token is the row's first proposal
+                chunk.request.spec_token_ids[0] = token
+                ready.append(chunk)
+        for depth in range(1, max((chunk.num_spec_tokens for chunk in ready), default=0)):
+            passes = [self._pass_chunk(chunk.request, depth) for chunk in ready if chunk.num_spec_tokens > depth]
+            for pass_chunk, token in zip(passes, self._timed_pass(passes), strict=True):
+                pass_chunk.request.spec_token_ids[depth] = token
         if not self.draft.shares_target_pool:
             for first in first_pass:
                 self._num_computed[first.request.request_id] = first.end
             for chunk in ready:  # every pass wrote its input token's K/V, the last proposal's excepted
                 self._num_computed[chunk.request.request_id] = chunk.request.num_tokens + chunk.num_spec_tokens - 1
-        return behind
+        return [chunk for chunk in chunks if chunk not in ready]
 
     def rewind(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         """After verification: the draft K/V of rejected proposals no longer stand for the request's tokens."""
