@@ -156,6 +156,8 @@ class Speculator:
         exactly; a placeholder would only be rejected)."""
         for request in batch.preempted:  # their blocks, and so any draft K/V in them, are gone
             self._forget_draft(request.request_id)
+        if not self._model_methods:  # most steps: no row asked a model proposer
+            return
         for method, proposer in self._proposers.items():
             chunks = [
                 chunk
