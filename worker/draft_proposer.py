@@ -92,7 +92,7 @@ class DraftProposer:
         """The draft's greedy next token after each chunk; passes of one token a row time a proposal's cost."""
         started = time.perf_counter()
         draft = self.draft
-        step = build_paged_step(Batch(chunks), draft.kv_pool.block_size, draft.device, for_flash=draft.is_flash)
+        step = build_paged_step(Batch(chunks), draft.kv_pool, draft.device, for_flash=draft.is_flash)
         tokens = paged_forward(draft.model, step, draft.kv_pool).argmax(dim=-1).tolist()
         if all(chunk.num_tokens == 1 for chunk in chunks):  # a catch-up's prefill is no proposal's cost
             self.seconds_per_pass = running_mean(self.seconds_per_pass, time.perf_counter() - started, TIMING_DECAY)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PretrainedConfig
 
 from tasks.config import Config
+
+if TYPE_CHECKING:
+    from worker.cpu_decode_kernel import CpuDecodeKernel
 
 logger = logging.getLogger(__name__)
 CPU_MEMORY_FRACTION = 0.25  # of available RAM, the most an automatic CPU pool may take
@@ -51,9 +55,12 @@ class KVPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.is_heads_major = is_heads_major
+        self.num_kv_heads = shape.num_kv_heads
+        self.dtype = dtype
         heads, dim = shape.num_kv_heads, shape.head_dim
         per_layer = (heads, num_blocks, block_size, dim) if is_heads_major else (num_blocks, block_size, heads, dim)
         self.cache = torch.zeros(shape.num_layers, 2, *per_layer, dtype=dtype, device=device)
+        self.decode_kernel: CpuDecodeKernel | None = None  # reads decode rows' blocks in place (float32 on CPU)
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each in the pool's layout."""

@@ -14,6 +14,7 @@ from scheduler.batch import Batch
 from steering.batch_hooks import BatchHooks
 from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
+from worker.cpu_decode_kernel import load_cpu_decode_kernel
 from worker.draft_weights import load_draft_weights
 from worker.kv_pool import KVPool, KVShape, num_pool_tokens
 from worker.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_available, register_paged_attention
@@ -92,7 +93,7 @@ class ModelRunner:
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
         self._hooks = BatchHooks(self.model)
         logger.info(
-            "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s",
+            "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s%s",
             config.model,
             self.device,
             self.dtype,
@@ -101,6 +102,7 @@ class ModelRunner:
             self.max_model_len,
             sorted(self.eos_token_ids),
             self.attention_backend,
+            " with the CPU decode kernel" if self.kv_pool.decode_kernel is not None else "",
         )
 
     @property
@@ -123,6 +125,10 @@ class ModelRunner:
             KVPool(shape, num_blocks, block_size, self.dtype, self.device, is_heads_major=not self.is_flash)
             for shape in shapes
         ]
+        if self.device.type == "cpu" and self.dtype == torch.float32 and config.cpu_decode_kernel:
+            kernel = load_cpu_decode_kernel()
+            for pool in pools:
+                pool.decode_kernel = kernel
         logger.info(
             "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB, the draft's included)",
             num_blocks,
@@ -141,7 +147,7 @@ class ModelRunner:
     ) -> StepOutput:
         """One forward pass over every scheduled chunk, with each chunk's request's steering and monitor (`rows`,
         one per chunk; None: none steer or monitor) and the worker-wide monitor carried out by the SAE hooks."""
-        step = build_paged_step(batch, self.kv_pool.block_size, self.device, for_flash=self.is_flash)
+        step = build_paged_step(batch, self.kv_pool, self.device, for_flash=self.is_flash)
         rows = [None] * len(batch.chunks) if rows is None else rows
         plan, slices = build_step_plan(batch.chunks, step.token_rows, rows, worker_monitor, self.dtype)
         if plan is not None:

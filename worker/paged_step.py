@@ -1,8 +1,9 @@
 """The tensors one engine step needs: packed tokens, where their K/V go, and what each row attends to.
 
-All scheduled chunks are packed into one sequence of N tokens. Decode rows (one new token each) attend together in
-one batched call over their gathered blocks; prefill chunks attend one by one with a causal mask offset by the
-tokens already in their blocks.
+All scheduled chunks are packed into one sequence of N tokens. Decode rows (one new token each) attend together:
+through the CPU decode kernel over their block tables when the pool has it, else in one batched call per length
+bucket over their gathered blocks. Prefill chunks attend one by one with a causal mask offset by the tokens
+already in their blocks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from scheduler.batch import Batch, ScheduledChunk
+from worker.kv_pool import KVPool
 
 GROUP_GROWTH = 1.5
 MIN_GROUP_SIZE = 4  # below this, another attention call costs more than the padding it saves
@@ -21,7 +23,18 @@ MIN_GROUP_SIZE = 4  # below this, another attention call costs more than the pad
 class DecodeRows:
     token_index: torch.Tensor  # [Bd] positions of the decode tokens in the packed sequence
     block_ids: torch.Tensor  # [Bd * W] each row's first W blocks, padded with block 0
-    context_mask: torch.Tensor  # [Bd, W * block_size] True where a row attends
+    score_bias: torch.Tensor  # [Hkv * Bd, 1, W * block_size]: 0 where a row attends, -inf elsewhere
+
+
+@dataclass(frozen=True)
+class DecodeTable:
+    """Every decode row at once, for the CPU decode kernel: it reads each row's blocks where they lie."""
+
+    token_index: torch.Tensor  # [B] positions of the decode tokens in the packed sequence
+    block_tables: torch.Tensor  # [B, W] int64, padded with block 0 past each row's blocks
+    context_lens: torch.Tensor  # [B] int64
+    max_len: int
+    is_whole_step: bool  # every token of the step is a decode row, in order: no scatter into the step's output
 
 
 @dataclass(frozen=True)
@@ -50,12 +63,14 @@ class PagedStep:
     logits_indices: torch.Tensor  # [S] the last token of each sampling chunk
     token_rows: torch.Tensor  # [N] the chunk each token belongs to
     decode_groups: list[DecodeRows]  # decode rows bucketed by context length, so little of the gather is padding
+    decode_table: DecodeTable | None  # instead of decode_groups when the pool has the CPU decode kernel
     prefills: list[PrefillChunk]
     flash: FlashMetadata | None
 
 
-def build_paged_step(batch: Batch, block_size: int, device: torch.device, for_flash: bool) -> PagedStep:
-    chunks = batch.chunks
+def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_flash: bool) -> PagedStep:
+    chunks, block_size = batch.chunks, kv_pool.block_size
+    has_kernel = kv_pool.decode_kernel is not None and not for_flash
     input_ids, positions, slots, rows, logits_indices = [], [], [], [], []
     for row, chunk in enumerate(chunks):
         chunk_end = len(input_ids) + chunk.num_tokens
@@ -75,7 +90,8 @@ def build_paged_step(batch: Batch, block_size: int, device: torch.device, for_fl
         slot_mapping=tensor(slots),
         logits_indices=tensor(logits_indices),
         token_rows=tensor(rows),
-        decode_groups=[] if for_flash else _decode_groups(chunks, block_size, device),
+        decode_groups=[] if for_flash or has_kernel else _decode_groups(chunks, kv_pool, device),
+        decode_table=_decode_table(chunks, device) if has_kernel else None,
         prefills=[] if for_flash else _prefill_chunks(chunks, block_size, device),
         flash=_flash_metadata(chunks, device) if for_flash else None,
     )
@@ -91,7 +107,7 @@ def _block_tables(chunks: list[ScheduledChunk]) -> torch.Tensor:
     return torch.tensor([c.request.block_table + [0] * (width - len(c.request.block_table)) for c in chunks])
 
 
-def _decode_groups(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> list[DecodeRows]:
+def _decode_groups(chunks: list[ScheduledChunk], kv_pool: KVPool, device: torch.device) -> list[DecodeRows]:
     """Decode rows sorted by context length and cut where a row needs GROUP_GROWTH x the blocks of its group's
     shortest, so each group's gather pads every row to at most that much more than it holds."""
     rows = sorted((row for row, chunk in enumerate(chunks) if chunk.is_decode), key=lambda row: chunks[row].end)
@@ -104,23 +120,46 @@ def _decode_groups(chunks: list[ScheduledChunk], block_size: int, device: torch.
             groups[-1].append(row)
         else:
             groups.append([row])
-    return [_decode_rows(chunks, group, first_token, block_size, device) for group in groups]
+    return [_decode_rows(chunks, group, first_token, kv_pool, device) for group in groups]
 
 
 def _decode_rows(
-    chunks: list[ScheduledChunk], rows: list[int], first_token: list[int], block_size: int, device: torch.device
+    chunks: list[ScheduledChunk], rows: list[int], first_token: list[int], kv_pool: KVPool, device: torch.device
 ) -> DecodeRows:
+    block_size = kv_pool.block_size
     context_lens = [chunks[row].end for row in rows]
     width = -(-max(context_lens) // block_size)  # blocks per row
     block_ids = []
     for row in rows:
         table = chunks[row].request.block_table[:width]
         block_ids.extend(table + [0] * (width - len(table)))
-    lengths = torch.tensor(context_lens, device=device)
+    is_padding = torch.arange(width * block_size)[None, :] >= torch.tensor(context_lens)[:, None]  # [Bd, W * bs]
+    bias = torch.zeros(is_padding.shape, dtype=kv_pool.dtype).masked_fill_(is_padding, float("-inf"))
     return DecodeRows(
         token_index=torch.tensor([first_token[row] for row in rows], device=device),
         block_ids=torch.tensor(block_ids, device=device),
-        context_mask=torch.arange(width * block_size, device=device)[None, :] < lengths[:, None],
+        score_bias=bias.repeat(kv_pool.num_kv_heads, 1)[:, None, :].to(device),  # KV head major, as the scores
+    )
+
+
+def _decode_table(chunks: list[ScheduledChunk], device: torch.device) -> DecodeTable | None:
+    token_index, tables, lens = [], [], []
+    token = 0
+    for chunk in chunks:
+        if chunk.is_decode:
+            token_index.append(token)
+            tables.append(chunk.request.block_table)
+            lens.append(chunk.end)
+        token += chunk.num_tokens
+    if not lens:
+        return None
+    width = max(len(table) for table in tables)
+    return DecodeTable(
+        token_index=torch.tensor(token_index, device=device),
+        block_tables=torch.tensor([table + [0] * (width - len(table)) for table in tables], dtype=torch.long),
+        context_lens=torch.tensor(lens, dtype=torch.long),
+        max_len=max(lens),
+        is_whole_step=len(lens) == token,
     )
 
 

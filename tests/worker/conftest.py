@@ -30,6 +30,12 @@ def endless_runner(tiny_config: Config) -> ModelRunner:
 
 
 @pytest.fixture(scope="module")
+def gather_endless_runner(tiny_config: Config) -> ModelRunner:
+    """Decode attention by gathering blocks: the path without the CPU decode kernel."""
+    return load_runner(dataclasses.replace(tiny_config, cpu_decode_kernel=False), stops_at_eos=False)
+
+
+@pytest.fixture(scope="module")
 def short_runner(tiny_config: Config) -> ModelRunner:
     return load_runner(dataclasses.replace(tiny_config, max_model_len=SHORT_MAX_MODEL_LEN), stops_at_eos=False)
 
@@ -44,6 +50,13 @@ def endless_engine(
     endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
 ) -> Iterator[ContinuousEngine]:
     yield from serve(endless_runner, tiny_config, caplog)
+
+
+@pytest.fixture
+def gather_endless_engine(
+    gather_endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+) -> Iterator[ContinuousEngine]:
+    yield from serve(gather_endless_runner, tiny_config, caplog)
 
 
 @pytest.fixture

@@ -1,0 +1,82 @@
+"""The CPU decode kernel: the same attention as the gather path, built once per machine, and a clean fallback."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from worker.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
+from worker.model_runner import ModelRunner
+from worker.paged_attention import decode_attention, gather_blocks
+
+needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) to build the kernel")
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> CpuDecodeKernel:
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to build the kernel")
+    built = load_cpu_decode_kernel(tmp_path_factory.mktemp("kernels"))
+    assert built is not None
+    return built
+
+
+def gathered_attention(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor
+) -> torch.Tensor:
+    """The reference: the engine's gather path over the same pool."""
+    num_kv_heads, _, block_size, _ = k_cache.shape
+    width = tables.shape[1]
+    is_padding = torch.arange(width * block_size)[None, :] >= lens[:, None]
+    bias = torch.zeros(is_padding.shape).masked_fill_(is_padding, float("-inf")).repeat(num_kv_heads, 1)[:, None]
+    k, v = gather_blocks(k_cache, tables.flatten()), gather_blocks(v_cache, tables.flatten())
+    return decode_attention(query, k, v, bias, query.shape[-1] ** -0.5)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 32), (4, 4, 32), (6, 2, 24), (8, 1, 16)])
+def test_kernel_equals_the_gather_path(kernel: CpuDecodeKernel, num_heads: int, num_kv_heads: int, head_dim: int):
+    torch.manual_seed(num_heads * 100 + head_dim)
+    block_size, num_blocks = 16, 64
+    k_cache = torch.randn(num_kv_heads, num_blocks, block_size, head_dim)
+    v_cache = torch.randn(num_kv_heads, num_blocks, block_size, head_dim)
+    lens = torch.tensor([1, 16, 17, 100, 5, 63])  # one token, a whole block, one over, and ragged
+    width = int(-(-lens.max() // block_size))
+    tables = torch.randperm(num_blocks)[: len(lens) * width].view(len(lens), width)  # scattered blocks
+    for row, length in enumerate(lens.tolist()):  # past a row's own blocks, the table is padding
+        tables[row, -(-length // block_size) :] = 0
+    query = torch.randn(len(lens), num_heads, head_dim)
+
+    attended = kernel.attention(query, k_cache, v_cache, tables, lens, int(lens.max()), head_dim**-0.5)
+
+    torch.testing.assert_close(attended, gathered_attention(query, k_cache, v_cache, tables, lens))
+
+
+def test_a_built_kernel_is_reused(tmp_path: Path) -> None:
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to build the kernel")
+    assert load_cpu_decode_kernel(tmp_path) is not None
+    (library,) = tmp_path.glob("paged_decode-*.so")
+    built_at = library.stat().st_mtime_ns
+    assert load_cpu_decode_kernel(tmp_path) is not None
+    assert [path.name for path in tmp_path.iterdir()] == [library.name]  # no scratch left behind
+    assert library.stat().st_mtime_ns == built_at
+
+
+def test_no_compiler_falls_back_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler")
+    with caplog.at_level(logging.WARNING, logger="worker.cpu_decode_kernel"):
+        assert load_cpu_decode_kernel(tmp_path) is None
+    assert "gathers blocks instead" in caplog.text
+    assert list(tmp_path.glob("*.so")) == []
+
+
+@needs_compiler
+def test_the_default_cpu_runner_decodes_with_the_kernel(runner: ModelRunner, gather_endless_runner: ModelRunner):
+    assert runner.kv_pool.decode_kernel is not None
+    assert gather_endless_runner.kv_pool.decode_kernel is None

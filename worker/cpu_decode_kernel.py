@@ -1,0 +1,109 @@
+"""The CPU paged decode-attention kernel (worker/paged_decode.c): built with the system C compiler once per machine,
+cached, and called through ctypes.
+
+On CPU, gathering every decode row's blocks and attending over the copy with batched matmuls cost most of a step's
+attention: the gather writes all of the rows' K/V once more, and every length bucket pays a dozen operator calls
+per layer. The kernel reads each row's blocks where they lie, once, for all decode rows in two calls per layer
+(docs/BENCHMARKS.md). Without a compiler the engine keeps the gather path and says so in the log.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_decode.c")
+# -fassociative-math lets the compiler vectorize the dot products' sums; no -ffast-math: -inf must stay -inf.
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
+COMPILE_TIMEOUT_S = 120
+_POINTER, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class CpuDecodeKernel:
+    def __init__(self, library: Path) -> None:
+        lib = ctypes.CDLL(str(library))  # CDLL releases the GIL during each call
+        self._scores = lib.paged_decode_scores
+        self._scores.argtypes = [_POINTER] * 5 + [_INT] * 8 + [_FLOAT]
+        self._scores.restype = None
+        self._values = lib.paged_decode_values
+        self._values.argtypes = [_POINTER] * 5 + [_INT] * 8
+        self._values.restype = None
+
+    def attention(
+        self,
+        query: torch.Tensor,  # [B, H, D] float32, contiguous
+        k_cache: torch.Tensor,  # [Hkv, num_blocks, block_size, D] float32, contiguous: one layer of the pool
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # [B, W] int64, contiguous: each row's blocks, padded
+        context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, at most W * block_size
+        max_len: int,  # the longest of context_lens
+        scale: float,
+    ) -> torch.Tensor:
+        """[B, H, D]: each row's one query token attended over its own context in the pool."""
+        batch, num_heads, head_dim = query.shape
+        num_kv_heads, num_blocks, block_size, _ = k_cache.shape
+        shape = (batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, block_tables.shape[1], max_len)
+        tables, lens = block_tables.data_ptr(), context_lens.data_ptr()
+        scores = torch.empty(batch, num_heads, max_len)
+        self._scores(query.data_ptr(), k_cache.data_ptr(), tables, lens, scores.data_ptr(), *shape, scale)
+        probs = scores.softmax(dim=-1)
+        output = torch.empty(batch, num_heads, head_dim)
+        self._values(probs.data_ptr(), v_cache.data_ptr(), tables, lens, output.data_ptr(), *shape)
+        return output
+
+
+def load_cpu_decode_kernel(cache_dir: Path | None = None) -> CpuDecodeKernel | None:
+    """The kernel, compiled on first use into `cache_dir` (default ~/.cache/steerbatch/kernels) under a name that
+    changes with the source, the flags and this CPU; None, with a warning, when it cannot be built."""
+    cache_dir = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "steerbatch" / "kernels"
+    library = cache_dir / f"paged_decode-{_build_key()}.so"
+    try:
+        if not library.exists():
+            _compile(library)
+        return CpuDecodeKernel(library)
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("CPU decode kernel unavailable (%s): decode attention gathers blocks instead", exc)
+        return None
+
+
+def _compile(library: Path) -> None:
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise OSError("no C compiler: set CC or install gcc")
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:  # os.replace: concurrent builders never clash
+        built = Path(scratch) / library.name
+        command = [compiler, *CFLAGS, "-shared", "-fPIC", str(SOURCE), "-o", str(built)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()[:500]}")
+        os.replace(built, library)
+    logger.info("compiled the CPU decode kernel into %s", library)
+
+
+def _build_key() -> str:
+    """Source, flags and CPU: -march=native code must not be loaded on another CPU from a shared cache."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    digest.update(f"{platform.machine()} {_cpu_identity()}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_identity() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags")
+    return "|".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
