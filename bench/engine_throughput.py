@@ -69,11 +69,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch intra-op threads; on a CPU other processes share, 1 gives steadier numbers",
     )
     parser.add_argument("--max-num-seqs", type=int, default=32, help="the engines' batch size limit")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds of every engine, interleaved, each engine opened afresh (no prefix cache carried over); the "
+        "table shows each engine's median round by wall time",
+    )
     parser.add_argument("--out", type=Path, help="also write the markdown (machine, command, table) here")
     args = parser.parse_args(argv)
     unknown = set(args.engines.split(",")) - set(ENGINE_KEYS)
     if unknown:
         parser.error(f"unknown engines {sorted(unknown)}; choose from {ENGINE_KEYS}")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     return args
 
 
@@ -147,6 +156,27 @@ def run_engine(
     return results
 
 
+def median_runs(rounds: list[list[RunResult]]) -> tuple[list[RunResult], dict[tuple[str, str], list[float]]]:
+    """Each (workload, engine)'s run of median wall time across the rounds, and every round's output tok/s."""
+    by_cell: dict[tuple[str, str], list[RunResult]] = {}
+    for result in (result for round_results in rounds for result in round_results):
+        by_cell.setdefault((result.workload, result.engine_key), []).append(result)
+    medians, throughputs = [], {}
+    for cell, runs in by_cell.items():
+        summaries = sorted(((summarize(run, None), run) for run in runs), key=lambda pair: pair[0].wall_s)
+        medians.append(summaries[(len(summaries) - 1) // 2][1])
+        throughputs[cell] = [summarize(run, None).tokens_per_s for run in runs]
+    return medians, throughputs
+
+
+def format_rounds(throughputs: dict[tuple[str, str], list[float]], labels: dict[str, str]) -> str:
+    lines = [
+        f"- {workload}, {labels[key]}: " + ", ".join(f"{value:.0f}" for value in values)
+        for (workload, key), values in throughputs.items()
+    ]
+    return "Output tok/s of each round:\n\n" + "\n".join(lines)
+
+
 def summarize_all(results: list[RunResult]) -> list[Summary]:
     naive_tokens = {
         result.workload: {trace.request_id: trace.token_ids for trace in result.traces}
@@ -164,17 +194,18 @@ def selected_engines(args: argparse.Namespace, model: PreTrainedModel) -> list[s
     return keys
 
 
-def format_report(args: argparse.Namespace, argv: list[str], poisson_span_s: float, table: str) -> str:
-    return "\n\n".join(
-        [
-            f"Machine: {machine_description(args)}",
-            f"Command: `.venv/bin/python -m bench.engine_throughput {shlex.join(argv)}`",
-            f"Workload: {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
-            f"outputs {args.output_len[0]}-{args.output_len[1]} tokens, seed {args.seed}; "
-            f"Poisson at {args.poisson_rate:g}/s (arrivals span {poisson_span_s:.1f}s)",
-            table,
-        ]
-    )
+def format_report(args: argparse.Namespace, argv: list[str], poisson_span_s: float, table: str, rounds: str) -> str:
+    parts = [
+        f"Machine: {machine_description(args)}",
+        f"Command: `.venv/bin/python -m bench.engine_throughput {shlex.join(argv)}`",
+        f"Workload: {args.num_requests} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
+        f"outputs {args.output_len[0]}-{args.output_len[1]} tokens, seed {args.seed}; "
+        f"Poisson at {args.poisson_rate:g}/s (arrivals span {poisson_span_s:.1f}s)",
+        table,
+    ]
+    if args.repeats > 1:
+        parts.append(rounds)
+    return "\n\n".join(parts)
 
 
 def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
@@ -185,17 +216,23 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
     warmup = make_workload(WARMUP, WARMUP_SPEC, model.config.vocab_size, special_token_ids(model), None)
     factories = engine_factories(args, model, workloads)
     keys = selected_engines(args, model)
-    results: list[RunResult] = []
-    for key in keys:
-        logger.info("opening %s", key)
-        engine = factories[key]()
-        try:
-            results.extend(run_engine(engine, workloads, warmup))
-        finally:
-            engine.close()
+    rounds: list[list[RunResult]] = []
+    for round_index in range(args.repeats):
+        round_results = []
+        for key in keys:
+            logger.info("round %d of %d: opening %s", round_index + 1, args.repeats, key)
+            engine = factories[key]()
+            try:
+                round_results.extend(run_engine(engine, workloads, warmup))
+            finally:
+                engine.close()
+        rounds.append(round_results)
+    results, throughputs = median_runs(rounds)
     results.sort(key=lambda result: (list(workloads).index(result.workload), keys.index(result.engine_key)))
+    labels = {result.engine_key: result.engine_label for result in results}
     poisson_span_s = max(request.arrival_s for request in workloads[POISSON])
-    return format_report(args, argv, poisson_span_s, format_table(summarize_all(results)))
+    table = format_table(summarize_all(results))
+    return format_report(args, argv, poisson_span_s, table, format_rounds(throughputs, labels))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,23 @@ def test_two_engines_on_both_workloads(tiny_model_dir: Path, tmp_path: Path, cap
     assert {row["x (i)"] for row in rows if row["engine"].startswith("(i) ")} == {"1.00x"}
 
 
+def test_repeats_show_the_median_round_and_every_round(tiny_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["--model", str(tiny_model_dir), "--num-requests", "2", "--prompt-len", "4", "8", "--output-len", "2", "3"]
+    argv += ["--engines", "steerbatch", "--repeats", "3"]
+
+    assert main(argv) == 0
+
+    markdown = capsys.readouterr().out
+    rows = table_rows(markdown)
+    assert [row["workload"] for row in rows] == ["all-at-t=0", "poisson"]
+    rounds = [line for line in markdown.splitlines() if line.startswith("- ")]
+    assert len(rounds) == 2
+    for row, line in zip(rows, rounds, strict=True):
+        values = sorted(float(value) for value in line.split(": ")[1].split(", "))
+        assert len(values) == 3
+        assert float(row["output tok/s"]) == pytest.approx(values[1], abs=1)  # median of three, as shown
+
+
 def test_workload_is_seeded_and_avoids_special_tokens() -> None:
     spec = WorkloadSpec(num_requests=8, prompt_len_range=(5, 9), output_len_range=(2, 4), seed=7)
     burst = make_workload("a", spec, vocab_size=16, special_token_ids={0, 1, 4}, poisson_rate_per_s=None)
