@@ -33,12 +33,9 @@ _POINTER, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 class CpuDecodeKernel:
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))  # CDLL releases the GIL during each call
-        self._scores = lib.paged_decode_scores
-        self._scores.argtypes = [_POINTER] * 5 + [_INT] * 8 + [_FLOAT]
-        self._scores.restype = None
-        self._values = lib.paged_decode_values
-        self._values.argtypes = [_POINTER] * 5 + [_INT] * 8
-        self._values.restype = None
+        self._attention = lib.paged_decode_attention
+        self._attention.argtypes = [_POINTER] * 7 + [_INT] * 8 + [_FLOAT]
+        self._attention.restype = None
 
     def attention(
         self,
@@ -46,20 +43,33 @@ class CpuDecodeKernel:
         k_cache: torch.Tensor,  # [Hkv, num_blocks, block_size, D] float32, contiguous: one layer of the pool
         v_cache: torch.Tensor,
         block_tables: torch.Tensor,  # [B, W] int64, contiguous: each row's blocks, padded
-        context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, at most W * block_size
+        context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, at least 1, at most W * block_size
         max_len: int,  # the longest of context_lens
         scale: float,
     ) -> torch.Tensor:
         """[B, H, D]: each row's one query token attended over its own context in the pool."""
         batch, num_heads, head_dim = query.shape
         num_kv_heads, num_blocks, block_size, _ = k_cache.shape
-        shape = (batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, block_tables.shape[1], max_len)
-        tables, lens = block_tables.data_ptr(), context_lens.data_ptr()
-        scores = torch.empty(batch, num_heads, max_len)
-        self._scores(query.data_ptr(), k_cache.data_ptr(), tables, lens, scores.data_ptr(), *shape, scale)
-        probs = scores.softmax(dim=-1)
         output = torch.empty(batch, num_heads, head_dim)
-        self._values(probs.data_ptr(), v_cache.data_ptr(), tables, lens, output.data_ptr(), *shape)
+        scratch = torch.empty(num_heads // num_kv_heads, max_len)
+        self._attention(
+            query.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            block_tables.data_ptr(),
+            context_lens.data_ptr(),
+            output.data_ptr(),
+            scratch.data_ptr(),
+            batch,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            num_blocks,
+            block_size,
+            block_tables.shape[1],
+            max_len,
+            scale,
+        )
         return output
 
 
