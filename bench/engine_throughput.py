@@ -2,7 +2,8 @@
 in one process on the same model, over 32 requests all at t=0 and the same requests as a Poisson stream.
 
     .venv/bin/python -m bench.engine_throughput --model models/tiny [--num-requests 32] [--seed 0]
-        [--poisson-rate 24] [--engines naive,static,hf_cb,steerbatch] [--threads N] [--out table.md]
+        [--poisson-rate 24] [--engines naive,static,hf_cb,steerbatch,steerbatch_compiled] [--threads N]
+        [--repeats N] [--out table.md]
 
 Every engine decodes greedily and ignores EOS, so each request generates exactly its own number of tokens and
 every engine should produce the tokens of (i); the table counts the requests where it does. Each engine gets a
@@ -12,6 +13,7 @@ short warm-up before it is measured. The markdown table goes to stdout (and to -
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import platform
@@ -36,7 +38,7 @@ from worker.model_runner import DTYPES, ModelRunner, read_eos_token_ids
 
 logger = logging.getLogger("bench.engine_throughput")
 
-ENGINE_KEYS = ("naive", "static", "hf_cb", "steerbatch")
+ENGINE_KEYS = ("naive", "static", "hf_cb", "steerbatch", "steerbatch_compiled")
 BURST, POISSON, WARMUP = "all-at-t=0", "poisson", "warmup"
 CB_LOGGER = "ContinuousBatchingLogger"  # transformers' continuous batching logs every start and stop at INFO
 WARMUP_SPEC = WorkloadSpec(num_requests=2, prompt_len_range=(8, 32), output_len_range=(4, 8), seed=12345)
@@ -133,6 +135,7 @@ def engine_factories(
     config = Config(
         model=args.model, max_num_seqs=args.max_num_seqs, device="cpu", dtype=args.dtype, cpu_threads=args.threads
     )
+    compiled = dataclasses.replace(config, torch_compile=True)  # compiled at load, outside the timed runs
     pad = pad_token_id(model)
     return {
         "naive": lambda: NaiveGenerate(model, pad),
@@ -141,6 +144,7 @@ def engine_factories(
             model, workloads[BURST], config.max_num_batched_tokens, config.max_num_seqs
         ),
         "steerbatch": lambda: SteerbatchEngine(ModelRunner(config), config),
+        "steerbatch_compiled": lambda: SteerbatchEngine(ModelRunner(compiled), compiled),
     }
 
 

@@ -27,7 +27,8 @@ POLL_S = 1.0
 
 def build_engine(runner: ModelRunner, config: Config) -> tuple[ContinuousEngine, str]:
     """The engine under test and its table label."""
-    return ContinuousEngine(runner, config), "(iv) steerbatch ContinuousEngine"
+    label = "(iv) steerbatch ContinuousEngine" + (", torch.compile" if config.torch_compile else "")
+    return ContinuousEngine(runner, config), label
 
 
 class _Collector:
@@ -59,10 +60,9 @@ def wait_for(collector: _Collector, request_id: str, feeder: Feeder) -> None:
 
 
 class SteerbatchEngine:
-    key = "steerbatch"
-
     def __init__(self, runner: ModelRunner, config: Config) -> None:
         self._engine, self.label = build_engine(runner, config)
+        self.key = "steerbatch_compiled" if config.torch_compile else "steerbatch"
         self._engine.start()
 
     def run(self, workload: str, requests: list[BenchRequest]) -> RunResult:

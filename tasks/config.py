@@ -38,6 +38,9 @@ class Config:
     # On CPU in float32, decode attention runs in a small C kernel (worker/paged_decode.c) that the system compiler
     # builds once per machine; off, or with no compiler, it gathers each row's blocks and uses batched matmuls.
     cpu_decode_kernel: bool = True
+    # torch.compile the model's forward around our attention op (worker/compiled_forward.py): on CPU a step loses
+    # most of HF's per-operator Python, after some tens of seconds of compiling in the first steps of each shape class.
+    torch_compile: bool = False
     enable_prefix_caching: bool = True  # requests share the KV blocks of a common prefix (system prompts)
     # The default proposer for requests that may speculate: "ngram" (prompt lookup), "draft" (needs
     # speculative_draft_model), "self" (the model's own first layers) or "none"; a request may pick another.

@@ -14,6 +14,7 @@ from scheduler.batch import Batch
 from steering.batch_hooks import BatchHooks
 from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
+from worker.compiled_forward import compile_model, compiled_forward, warm_up
 from worker.cpu_decode_kernel import load_cpu_decode_kernel
 from worker.draft_weights import load_draft_weights
 from worker.kv_pool import KVPool, KVShape, num_pool_tokens
@@ -92,6 +93,9 @@ class ModelRunner:
         self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config)
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
         self._hooks = BatchHooks(self.model)
+        self._compiled = compile_model(self.model) if config.torch_compile and not self.is_flash else None
+        if self._compiled is not None:
+            warm_up(self.run, self.kv_pool.block_size)
         logger.info(
             "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s%s",
             config.model,
@@ -153,7 +157,11 @@ class ModelRunner:
         if plan is not None:
             self._hooks.set_step(plan)
         try:
-            logits = paged_forward(self.model, step, self.kv_pool)
+            if self._compiled is not None and plan is None:
+                self._hooks.close()  # a hook left from a steered step would make the compiled graph recompile
+                logits = compiled_forward(self._compiled, step, self.kv_pool)
+            else:
+                logits = paged_forward(self.model, step, self.kv_pool)
             results = self._hooks.take_monitor_results()
         finally:
             self._hooks.clear()

@@ -26,14 +26,33 @@ def paged_sdpa_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     *,
-    paged_step: PagedStep,
-    kv_pool: KVPool,
+    paged_step: PagedStep | None = None,
+    kv_pool: KVPool | None = None,
+    kv_cache: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
-    kv_pool.write(module.layer_idx, paged_step.slot_mapping, key[0], value[0])
-    k_cache, v_cache = kv_pool.layer(module.layer_idx)  # [Hkv, blocks, block_size, D]
-    queries = query[0].transpose(0, 1)  # [N, H, D]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if paged_step is None:  # under torch.compile (worker/compiled_forward.py): the op finds the step itself
+        output = torch.ops.steerbatch.paged_attention(query, key, value, kv_cache, module.layer_idx, scale)
+    else:
+        output = paged_sdpa_attention_at(module.layer_idx, query, key, value, scale, paged_step, kv_pool)
+    return output[None], None  # [1, N, H, D]
+
+
+def paged_sdpa_attention_at(
+    layer_idx: int,
+    query: torch.Tensor,  # [1, H, N, D]
+    key: torch.Tensor,  # [1, Hkv, N, D]
+    value: torch.Tensor,  # [1, Hkv, N, D]
+    scale: float,
+    paged_step: PagedStep,
+    kv_pool: KVPool,
+) -> torch.Tensor:
+    """[N, H, D], a new tensor: layer `layer_idx`'s attention for every token of the step, after writing their
+    K/V into the pool."""
+    kv_pool.write(layer_idx, paged_step.slot_mapping, key[0], value[0])
+    k_cache, v_cache = kv_pool.layer(layer_idx)  # [Hkv, blocks, block_size, D]
+    queries = query[0].transpose(0, 1)  # [N, H, D]
     table = paged_step.decode_table
     if table is not None and kv_pool.decode_kernel is not None:
         rows = queries.contiguous() if table.is_whole_step else queries.index_select(0, table.token_index)
@@ -41,7 +60,7 @@ def paged_sdpa_attention(
             rows, k_cache, v_cache, table.block_tables, table.context_lens, table.max_len, scale
         )
         if table.is_whole_step:
-            return attended[None], None
+            return attended
         output = torch.empty_like(queries)
         output[table.token_index] = attended
     else:
@@ -59,10 +78,10 @@ def paged_sdpa_attention(
             k = gather_blocks(k_cache, chunk.block_ids)[None, :, : chunk.end]  # [1, Hkv, end, D]
             v = gather_blocks(v_cache, chunk.block_ids)[None, :, : chunk.end]
         attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=chunk.causal_mask, is_causal=chunk.is_first, scale=scaling, enable_gqa=True
+            q, k, v, attn_mask=chunk.causal_mask, is_causal=chunk.is_first, scale=scale, enable_gqa=True
         )
         output[chunk.tokens] = attended[0].transpose(0, 1)
-    return output[None], None  # [1, N, H, D]
+    return output
 
 
 def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,12 @@ def gather_endless_runner(tiny_config: Config) -> ModelRunner:
 
 
 @pytest.fixture(scope="module")
+def compiled_endless_runner(tiny_config: Config) -> ModelRunner:
+    """The forward under torch.compile (compiled at load by its warm-up)."""
+    return load_runner(dataclasses.replace(tiny_config, torch_compile=True), stops_at_eos=False)
+
+
+@pytest.fixture(scope="module")
 def short_runner(tiny_config: Config) -> ModelRunner:
     return load_runner(dataclasses.replace(tiny_config, max_model_len=SHORT_MAX_MODEL_LEN), stops_at_eos=False)
 
@@ -57,6 +63,13 @@ def gather_endless_engine(
     gather_endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
 ) -> Iterator[ContinuousEngine]:
     yield from serve(gather_endless_runner, tiny_config, caplog)
+
+
+@pytest.fixture
+def compiled_endless_engine(
+    compiled_endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+) -> Iterator[ContinuousEngine]:
+    yield from serve(compiled_endless_runner, tiny_config, caplog)
 
 
 @pytest.fixture

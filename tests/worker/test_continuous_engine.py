@@ -39,7 +39,9 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("engine_name", ["engine", "endless_engine", "gather_endless_engine"])
+@pytest.mark.parametrize(
+    "engine_name", ["engine", "endless_engine", "gather_endless_engine", "compiled_endless_engine"]
+)
 def test_single_greedy_request_matches_hf_generate(
     engine_name: str,
     request: pytest.FixtureRequest,
@@ -55,7 +57,9 @@ def test_single_greedy_request_matches_hf_generate(
     assert [output.is_finished for output in collector.outputs].count(True) == 1
 
 
-@pytest.mark.parametrize("engine_name", ["engine", "endless_engine", "gather_endless_engine"])
+@pytest.mark.parametrize(
+    "engine_name", ["engine", "endless_engine", "gather_endless_engine", "compiled_endless_engine"]
+)
 def test_concurrent_requests_share_batches_and_match_solo_greedy(
     engine_name: str,
     request: pytest.FixtureRequest,

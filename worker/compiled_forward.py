@@ -1,0 +1,101 @@
+"""The model's forward under torch.compile, with our paged attention as one opaque custom op.
+
+Eager, a decode step on CPU spends most of its time in the per-operator Python of HF's modules (norms, rotary
+embedding, projections, residuals), not in their arithmetic. Compiled with dynamic shapes, everything but the
+attention becomes one generated graph per distinct shape class. The attention cannot be traced: its metadata is
+Python lists that change every step, and it writes the KV pool in place. So the graph calls
+`steerbatch::paged_attention`, a custom op that declares the pool as mutated, and the op reads the step's
+`PagedStep` from a thread-local that `paged_forward` sets around the call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers import PreTrainedModel
+
+from scheduler.batch import Batch, ScheduledChunk
+from scheduler.request import Request, RequestStatus
+from worker.kv_pool import KVPool
+from worker.paged_step import PagedStep
+
+logger = logging.getLogger(__name__)
+
+_current = threading.local()
+
+
+@contextmanager
+def current_step(step: PagedStep, kv_pool: KVPool) -> Iterator[None]:
+    """What the custom op attends with while the compiled forward runs on this thread."""
+    _current.step, _current.kv_pool = step, kv_pool
+    try:
+        yield
+    finally:
+        _current.step = _current.kv_pool = None
+
+
+@torch.library.custom_op("steerbatch::paged_attention", mutates_args=("kv_cache",))
+def paged_attention_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float
+) -> torch.Tensor:
+    """[N, H, D]: the step's attention output for layer `layer_idx`; writes the new K/V into `kv_cache` (the
+    pool's tensor, passed so the compiler knows it changes)."""
+    from worker.paged_attention import paged_sdpa_attention_at
+
+    step, kv_pool = getattr(_current, "step", None), getattr(_current, "kv_pool", None)
+    if step is None or kv_pool is None or kv_pool.cache is not kv_cache:
+        raise RuntimeError("steerbatch::paged_attention called outside current_step() for this pool")
+    return paged_sdpa_attention_at(layer_idx, query, key, value, scale, step, kv_pool)
+
+
+@paged_attention_op.register_fake
+def _(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float
+):
+    return query.new_empty(query.shape[2], query.shape[1], query.shape[3])
+
+
+def compiled_forward(compiled: torch.nn.Module, step: PagedStep, kv_pool: KVPool) -> torch.Tensor:
+    """The logits [S, V] (float) at the step's logits indices, through the compiled model."""
+    with current_step(step, kv_pool):
+        output = compiled(
+            input_ids=step.input_ids,
+            position_ids=step.position_ids,
+            use_cache=False,
+            logits_to_keep=step.logits_indices,
+            kv_cache=kv_pool.cache,
+        )
+    return output.logits[0].float()
+
+
+def compile_model(model: PreTrainedModel) -> torch.nn.Module:
+    """The model under torch.compile with dynamic shapes; the compiling itself happens at the first calls. The
+    weights and modules never change after loading (steered steps run eager, their hooks removed before the next
+    compiled step), so the guards skip them: checking every module attribute took 0.4 ms a step."""
+    guard_filter = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    return torch.compile(model, dynamic=True, options={"guard_filter_fn": guard_filter})
+
+
+def warm_up(run: Callable[[Batch], object], block_size: int) -> None:
+    """Runs the shape classes a worker meets, so that they compile before it serves rather than in its first
+    requests' steps: sizes of 1 get graphs of their own, so one decode row (1 token, 1 logit row), a prefill chunk
+    (n tokens, 1 row) and two decode rows (n tokens, n rows). The K/V go to blocks 0 and 1, which no request holds
+    yet."""
+    started = time.perf_counter()
+    prefill_len = min(8, block_size - 1)
+    requests = [
+        Request(f"warm-up-{i}", [0] * prefill_len, max_tokens=1, block_table=[i], status=RequestStatus.RUNNING)
+        for i in range(2)
+    ]
+    for chunks in (
+        [ScheduledChunk(requests[0], 0, prefill_len, is_sampling=True)],
+        [ScheduledChunk(requests[0], prefill_len - 1, 1, is_sampling=True)],
+        [ScheduledChunk(request, prefill_len - 1, 1, is_sampling=True) for request in requests],
+    ):
+        run(Batch(chunks))
+    logger.info("torch.compile: compiled the forward's shape classes in %.1fs", time.perf_counter() - started)
