@@ -36,12 +36,23 @@ class CpuDecodeKernel:
         self._attention = lib.paged_decode_attention
         self._attention.argtypes = [_POINTER] * 7 + [_INT] * 8 + [_FLOAT]
         self._attention.restype = None
+        self._write_keys = lib.paged_write_keys
+        self._write_keys.argtypes = [_POINTER] * 3 + [_INT] * 5
+        self._write_keys.restype = None
+
+    def write_keys(self, k_cache: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:
+        """Stores `keys` [Hkv, N, D] (float32, contiguous) at `slots` [N] (int64) of one layer's keys
+        [Hkv, num_blocks, D, block_size], transposed within blocks."""
+        num_kv_heads, num_blocks, head_dim, block_size = k_cache.shape
+        keys = keys.contiguous()  # held in a name: a temporary's memory could be freed before the call reads it
+        args = (num_kv_heads, keys.shape[1], head_dim, num_blocks, block_size)
+        self._write_keys(k_cache.data_ptr(), slots.data_ptr(), keys.data_ptr(), *args)
 
     def attention(
         self,
         query: torch.Tensor,  # [B, H, D] float32, contiguous
-        k_cache: torch.Tensor,  # [Hkv, num_blocks, block_size, D] float32, contiguous: one layer of the pool
-        v_cache: torch.Tensor,
+        k_cache: torch.Tensor,  # [Hkv, num_blocks, D, block_size] float32, contiguous: keys transposed in blocks
+        v_cache: torch.Tensor,  # [Hkv, num_blocks, block_size, D] float32, contiguous
         block_tables: torch.Tensor,  # [B, W] int64, contiguous: each row's blocks, padded
         context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, at least 1, at most W * block_size
         max_len: int,  # the longest of context_lens
@@ -49,7 +60,7 @@ class CpuDecodeKernel:
     ) -> torch.Tensor:
         """[B, H, D]: each row's one query token attended over its own context in the pool."""
         batch, num_heads, head_dim = query.shape
-        num_kv_heads, num_blocks, block_size, _ = k_cache.shape
+        num_kv_heads, num_blocks, block_size, _ = v_cache.shape
         output = torch.empty(batch, num_heads, head_dim)
         scratch = torch.empty(num_heads // num_kv_heads, max_len)
         self._attention(

@@ -41,7 +41,9 @@ class KVPool:
 
     Two layouts, one per attention backend: flash-attn's paged kernels read [num_blocks, block_size, Hkv, D];
     our SDPA path reads [Hkv, num_blocks, block_size, D], so that gathering a row's blocks yields each KV head's
-    context contiguously and attention runs as plain batched matmuls without a copy."""
+    context contiguously and attention runs as plain batched matmuls without a copy. With the CPU decode kernel,
+    keys are stored [Hkv, num_blocks, D, block_size], transposed within each block: the kernel then scores a
+    block's tokens against a query as one vector per head dimension, with no sum across vector lanes."""
 
     def __init__(
         self,
@@ -51,28 +53,39 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device,
         is_heads_major: bool = True,
+        decode_kernel: CpuDecodeKernel | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.is_heads_major = is_heads_major
         self.num_kv_heads = shape.num_kv_heads
+        self.head_dim = shape.head_dim
         self.dtype = dtype
+        self.decode_kernel = decode_kernel if is_heads_major else None  # reads decode rows' blocks in place
+        self.keys_transposed = self.decode_kernel is not None
         heads, dim = shape.num_kv_heads, shape.head_dim
         per_layer = (heads, num_blocks, block_size, dim) if is_heads_major else (num_blocks, block_size, heads, dim)
         self.cache = torch.zeros(shape.num_layers, 2, *per_layer, dtype=dtype, device=device)
-        self.decode_kernel: CpuDecodeKernel | None = None  # reads decode rows' blocks in place (float32 on CPU)
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each in the pool's layout."""
-        return self.cache[layer_idx, 0], self.cache[layer_idx, 1]
+        keys, values = self.cache[layer_idx, 0], self.cache[layer_idx, 1]
+        if self.keys_transposed:
+            keys = keys.view(self.num_kv_heads, self.num_blocks, self.head_dim, self.block_size)
+        return keys, values
 
     def write(self, layer_idx: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """Stores the new tokens' K and V ([Hkv, N, D] each) at `slots` [N]."""
-        for cache, new in zip(self.layer(layer_idx), (key, value), strict=True):
-            if self.is_heads_major:
-                cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slots, new)
-            else:
+        keys, values = self.layer(layer_idx)
+        if not self.is_heads_major:
+            for cache, new in ((keys, key), (values, value)):
                 cache.view(-1, *cache.shape[-2:]).index_copy_(0, slots, new.transpose(0, 1))
+            return
+        if self.decode_kernel is not None:
+            self.decode_kernel.write_keys(keys, slots, key)
+        else:
+            keys.view(self.num_kv_heads, -1, self.head_dim).index_copy_(1, slots, key)
+        values.view(self.num_kv_heads, -1, self.head_dim).index_copy_(1, slots, value)
 
     @property
     def num_bytes(self) -> int:

@@ -125,14 +125,13 @@ class ModelRunner:
         num_blocks = num_tokens // block_size
         if num_blocks < 1:
             raise ValueError(f"the KV pool holds {num_tokens} tokens, less than one block of {block_size}")
-        pools = [
-            KVPool(shape, num_blocks, block_size, self.dtype, self.device, is_heads_major=not self.is_flash)
-            for shape in shapes
-        ]
+        kernel = None
         if self.device.type == "cpu" and self.dtype == torch.float32 and config.cpu_decode_kernel:
             kernel = load_cpu_decode_kernel()
-            for pool in pools:
-                pool.decode_kernel = kernel
+        pools = [
+            KVPool(shape, num_blocks, block_size, self.dtype, self.device, not self.is_flash, kernel)
+            for shape in shapes
+        ]
         logger.info(
             "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB, the draft's included)",
             num_blocks,

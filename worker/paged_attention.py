@@ -51,7 +51,7 @@ def paged_sdpa_attention_at(
     """[N, H, D], a new tensor: layer `layer_idx`'s attention for every token of the step, after writing their
     K/V into the pool."""
     kv_pool.write(layer_idx, paged_step.slot_mapping, key[0], value[0])
-    k_cache, v_cache = kv_pool.layer(layer_idx)  # [Hkv, blocks, block_size, D]
+    k_cache, v_cache = kv_pool.layer(layer_idx)  # [Hkv, blocks, block_size, D]; keys maybe [Hkv, blocks, D, bs]
     queries = query[0].transpose(0, 1)  # [N, H, D]
     table = paged_step.decode_table
     if table is not None and kv_pool.decode_kernel is not None:
@@ -75,7 +75,7 @@ def paged_sdpa_attention_at(
         if chunk.is_first:
             k, v = key[:, :, chunk.tokens], value[:, :, chunk.tokens]  # [1, Hkv, n, D]
         else:
-            k = gather_blocks(k_cache, chunk.block_ids)[None, :, : chunk.end]  # [1, Hkv, end, D]
+            k = gather_keys(k_cache, chunk.block_ids, kv_pool.keys_transposed)[None, :, : chunk.end]  # [1, Hkv, end, D]
             v = gather_blocks(v_cache, chunk.block_ids)[None, :, : chunk.end]
         attended = F.scaled_dot_product_attention(
             q, k, v, attn_mask=chunk.causal_mask, is_causal=chunk.is_first, scale=scale, enable_gqa=True
@@ -88,6 +88,14 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """The listed blocks of a heads-major layer cache [Hkv, blocks, block_size, D], as [Hkv, len * block_size, D]:
     whole blocks at a time, each KV head's tokens contiguous, so the matmuls that follow need no copy."""
     return cache.index_select(1, block_ids).flatten(1, 2)
+
+
+def gather_keys(cache: torch.Tensor, block_ids: torch.Tensor, is_transposed: bool) -> torch.Tensor:
+    """`gather_blocks` for keys, which a pool with the CPU decode kernel stores transposed within blocks."""
+    if not is_transposed:
+        return gather_blocks(cache, block_ids)
+    blocks = cache.index_select(1, block_ids)  # [Hkv, nb, D, block_size]
+    return blocks.transpose(2, 3).reshape(blocks.shape[0], -1, blocks.shape[2])
 
 
 def decode_attention(

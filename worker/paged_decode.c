@@ -1,7 +1,8 @@
 /* Paged decode attention on CPU: one query token per row against its context, read from the KV pool's blocks in
- * place (heads-major layout [Hkv, num_blocks, block_size, D], float32). Per row and KV head: the scores of the
- * group's query heads (GQA: each K/V token is read once for all of them), their softmax, and the weighted sum of
- * values. Built and loaded by worker/cpu_decode_kernel.py. */
+ * place (float32, heads-major: keys [Hkv, num_blocks, D, block_size], transposed within each block, values
+ * [Hkv, num_blocks, block_size, D]). Per row and KV head: the scores of the group's query heads, their softmax,
+ * and the weighted sum of values. With keys transposed, a block's scores are block_size-wide vector FMAs over the
+ * head dimension, with no sum across lanes. Built and loaded by worker/cpu_decode_kernel.py. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -27,6 +28,30 @@ static inline float exp_nonpositive(float x) {
     return y * scale;
 }
 
+#define FIXED_BLOCK 16 /* the SDPA path's default block size: a block's scores are one 16-float vector */
+typedef float block_vector __attribute__((vector_size(FIXED_BLOCK * sizeof(float))));
+
+/* scores[i] = scale * query . key i of a block stored [D][block_size], for its first n tokens */
+static inline void block_scores(const float *restrict query, const float *restrict block, float *restrict scores,
+                                int64_t head_dim, int64_t block_size, int64_t n, float scale) {
+    if (block_size == FIXED_BLOCK) { /* spelled as a vector: left to itself, gcc vectorizes over d instead */
+        block_vector acc = {0.0f};
+        for (int64_t d = 0; d < head_dim; d++) {
+            block_vector keys_d;
+            memcpy(&keys_d, block + d * FIXED_BLOCK, sizeof keys_d);
+            acc += query[d] * keys_d;
+        }
+        float sums[FIXED_BLOCK];
+        memcpy(sums, &acc, sizeof sums);
+        for (int64_t i = 0; i < n; i++) scores[i] = sums[i] * scale;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) scores[i] = 0.0f;
+    for (int64_t d = 0; d < head_dim; d++)
+        for (int64_t i = 0; i < n; i++) scores[i] += query[d] * block[d * block_size + i];
+    for (int64_t i = 0; i < n; i++) scores[i] *= scale;
+}
+
 /* out[b, h] = softmax_t(scale * q[b, h] . K[b, t]) . V[b, t] over t < context_lens[b];
  * scratch holds num_heads / num_kv_heads * max_len floats. */
 void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
@@ -44,17 +69,11 @@ void paged_decode_attention(const float *q, const float *k_cache, const float *v
             const float *queries = q + (b * num_heads + kvh * group) * head_dim; /* the group's heads, adjacent */
             float *attended = out + (b * num_heads + kvh * group) * head_dim;
             for (int64_t start = 0; start < len; start += block_size) {
-                const float *block = k_head + table[start / block_size] * block_size * head_dim;
+                const float *block = k_head + table[start / block_size] * head_dim * block_size; /* [D][bs] */
                 const int64_t n = len - start < block_size ? len - start : block_size;
-                for (int64_t i = 0; i < n; i++) {
-                    const float *key = block + i * head_dim;
-                    for (int64_t g = 0; g < group; g++) {
-                        const float *query = queries + g * head_dim;
-                        float dot = 0.0f;
-                        for (int64_t d = 0; d < head_dim; d++) dot += query[d] * key[d];
-                        scratch[g * max_len + start + i] = dot * scale;
-                    }
-                }
+                for (int64_t g = 0; g < group; g++)
+                    block_scores(queries + g * head_dim, block, scratch + g * max_len + start, head_dim, block_size, n,
+                                 scale);
             }
             for (int64_t g = 0; g < group; g++) {
                 float *scores = scratch + g * max_len;
@@ -82,6 +101,20 @@ void paged_decode_attention(const float *q, const float *k_cache, const float *v
                     }
                 }
             }
+        }
+    }
+}
+
+/* Stores the step's new keys ([Hkv, N, D]) at their pool slots, transposed within blocks as the scores read them. */
+void paged_write_keys(float *k_cache, const int64_t *slots, const float *keys, int64_t num_kv_heads, int64_t num_tokens,
+                      int64_t head_dim, int64_t num_blocks, int64_t block_size) {
+    for (int64_t h = 0; h < num_kv_heads; h++) {
+        float *k_head = k_cache + h * num_blocks * head_dim * block_size;
+        for (int64_t t = 0; t < num_tokens; t++) {
+            const int64_t slot = slots[t];
+            float *first = k_head + (slot / block_size) * head_dim * block_size + slot % block_size;
+            const float *key = keys + (h * num_tokens + t) * head_dim;
+            for (int64_t d = 0; d < head_dim; d++) first[d * block_size] = key[d];
         }
     }
 }

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from worker.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
+from worker.kv_pool import KVPool, KVShape
 from worker.model_runner import ModelRunner
-from worker.paged_attention import decode_attention, gather_blocks
+from worker.paged_attention import decode_attention, gather_blocks, gather_keys
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) to build the kernel")
 
@@ -50,7 +51,8 @@ def test_kernel_equals_the_gather_path(kernel: CpuDecodeKernel, num_heads: int, 
         tables[row, -(-length // block_size) :] = 0
     query = torch.randn(len(lens), num_heads, head_dim)
 
-    attended = kernel.attention(query, k_cache, v_cache, tables, lens, int(lens.max()), head_dim**-0.5)
+    keys_transposed = k_cache.transpose(2, 3).contiguous()  # as a pool with the kernel stores them
+    attended = kernel.attention(query, keys_transposed, v_cache, tables, lens, int(lens.max()), head_dim**-0.5)
 
     torch.testing.assert_close(attended, gathered_attention(query, k_cache, v_cache, tables, lens))
 
@@ -80,3 +82,20 @@ def test_no_compiler_falls_back_with_a_warning(
 def test_the_default_cpu_runner_decodes_with_the_kernel(runner: ModelRunner, gather_endless_runner: ModelRunner):
     assert runner.kv_pool.decode_kernel is not None
     assert gather_endless_runner.kv_pool.decode_kernel is None
+
+
+def test_a_pool_with_the_kernel_stores_keys_transposed_within_blocks(kernel: CpuDecodeKernel) -> None:
+    pool = KVPool(KVShape(1, 2, 8), 4, 16, torch.float32, torch.device("cpu"), True, kernel)
+    slots = torch.tensor([0, 17, 63])
+    key, value = torch.randn(3, 2, 8).transpose(0, 1), torch.randn(2, 3, 8)  # keys come strided, as from HF
+
+    pool.write(0, slots, key, value)
+
+    keys, values = pool.layer(0)
+    assert keys.shape == (2, 4, 8, 16)
+    for token, slot in enumerate(slots.tolist()):
+        block, offset = divmod(slot, 16)
+        assert torch.equal(keys[:, block, :, offset], key[:, token])
+        assert torch.equal(values[:, block, offset], value[:, token])
+    gathered = gather_keys(keys, torch.tensor([1]), is_transposed=True)  # [Hkv, 16, D], as prefill reads them
+    assert torch.equal(gathered[:, 1], key[:, 1])
