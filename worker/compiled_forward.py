@@ -39,8 +39,14 @@ def current_step(step: PagedStep, kv_pool: KVPool) -> Iterator[None]:
         _current.step = _current.kv_pool = None
 
 
-@torch.library.custom_op("steerbatch::paged_attention", mutates_args=("kv_cache",))
-def paged_attention_op(
+# Defined on a torch.library.Library rather than with @custom_op: its per-call wrapper cost 22 us against 7 us.
+_LIBRARY = torch.library.Library("steerbatch", "DEF")
+_LIBRARY.define(
+    "paged_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) kv_cache, int layer_idx, float scale) -> Tensor"
+)
+
+
+def _paged_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float
 ) -> torch.Tensor:
     """[N, H, D]: the step's attention output for layer `layer_idx`; writes the new K/V into `kv_cache` (the
@@ -53,7 +59,10 @@ def paged_attention_op(
     return paged_sdpa_attention_at(layer_idx, query, key, value, scale, step, kv_pool)
 
 
-@paged_attention_op.register_fake
+_LIBRARY.impl("paged_attention", _paged_attention, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("steerbatch::paged_attention")
 def _(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float
 ):

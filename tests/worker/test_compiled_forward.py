@@ -8,8 +8,7 @@ import torch
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request, RequestStatus
 from steering.hook_points import HookPoint
-from worker.compiled_forward import paged_attention_op
-from worker.model_runner import ModelRunner
+from worker.model_runner import ModelRunner  # which defines steerbatch::paged_attention
 
 
 class CountingCalls:
@@ -60,4 +59,4 @@ def test_a_plain_step_removes_hooks_left_by_a_steered_one(compiled_endless_runne
 def test_the_op_refuses_to_run_outside_a_compiled_step() -> None:
     tensor = torch.zeros(1, 2, 3, 4)
     with pytest.raises(RuntimeError, match="outside current_step"):
-        paged_attention_op(tensor, tensor, tensor, torch.zeros(1), 0, 1.0)
+        torch.ops.steerbatch.paged_attention(tensor, tensor, tensor, torch.zeros(1), 0, 1.0)
