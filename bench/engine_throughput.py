@@ -18,6 +18,7 @@ import logging
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -174,11 +175,28 @@ def median_runs(rounds: list[list[RunResult]]) -> tuple[list[RunResult], dict[tu
 
 
 def format_rounds(throughputs: dict[tuple[str, str], list[float]], labels: dict[str, str]) -> str:
+    """Every round's tok/s, and each of our engines' ratio to each baseline within a round, whose median does not
+    pair one engine's fast round with another's slow one as the table's medians can on a noisy machine."""
     lines = [
         f"- {workload}, {labels[key]}: " + ", ".join(f"{value:.0f}" for value in values)
         for (workload, key), values in throughputs.items()
     ]
-    return "Output tok/s of each round:\n\n" + "\n".join(lines)
+    ratios = []
+    for (workload, key), values in throughputs.items():
+        if not key.startswith("steerbatch"):
+            continue
+        for baseline in ("naive", "static", "hf_cb"):
+            base = throughputs.get((workload, baseline))
+            if base:
+                per_round = [ours / theirs for ours, theirs in zip(values, base, strict=True)]
+                ratios.append(
+                    f"- {workload}, {labels[key]} / {labels[baseline]}: "
+                    + ", ".join(f"{ratio:.2f}x" for ratio in per_round)
+                    + f" (median {statistics.median(per_round):.2f}x)"
+                )
+    return "\n\n".join(
+        ["Output tok/s of each round:", "\n".join(lines), "Ratios within each round:", "\n".join(ratios)]
+    )
 
 
 def summarize_all(results: list[RunResult]) -> list[Summary]:

@@ -45,21 +45,27 @@ def test_two_engines_on_both_workloads(tiny_model_dir: Path, tmp_path: Path, cap
     assert {row["x (i)"] for row in rows if row["engine"].startswith("(i) ")} == {"1.00x"}
 
 
-def test_repeats_show_the_median_round_and_every_round(tiny_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_repeats_show_the_median_round_every_round_and_ratios_within_rounds(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     argv = ["--model", str(tiny_model_dir), "--num-requests", "2", "--prompt-len", "4", "8", "--output-len", "2", "3"]
-    argv += ["--engines", "steerbatch", "--repeats", "3"]
+    argv += ["--engines", "naive,steerbatch", "--repeats", "3"]
 
     assert main(argv) == 0
 
     markdown = capsys.readouterr().out
     rows = table_rows(markdown)
-    assert [row["workload"] for row in rows] == ["all-at-t=0", "poisson"]
-    rounds = [line for line in markdown.splitlines() if line.startswith("- ")]
-    assert len(rounds) == 2
-    for row, line in zip(rows, rounds, strict=True):
-        values = sorted(float(value) for value in line.split(": ")[1].split(", "))
+    listed = [line for line in markdown.splitlines() if line.startswith("- ")]
+    rounds = {line.split(": ")[0]: line.split(": ")[1] for line in listed if " / " not in line}
+    for row in rows:
+        values = sorted(float(value) for value in rounds[f"- {row['workload']}, {row['engine']}"].split(", "))
         assert len(values) == 3
         assert float(row["output tok/s"]) == pytest.approx(values[1], abs=1)  # median of three, as shown
+    ratios = [line for line in listed if " / " in line]
+    assert len(ratios) == 2  # ours against (i), per workload
+    for line in ratios:
+        per_round = [float(value.rstrip("x")) for value in line.split(": ")[1].split(" (median")[0].split(", ")]
+        assert len(per_round) == 3 and all(ratio > 0 for ratio in per_round)
 
 
 def test_workload_is_seeded_and_avoids_special_tokens() -> None:
