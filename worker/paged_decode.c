@@ -52,6 +52,51 @@ static inline void block_scores(const float *restrict query, const float *restri
     for (int64_t i = 0; i < n; i++) scores[i] *= scale;
 }
 
+/* out = inverse * sum over t < len of weights[t] * V[t], V read from the row's blocks [block_size][D]. Head
+ * dimensions of 32, 64 and 128 keep the sum in registers; others accumulate in `out`. */
+#define WEIGHTED_VALUES_FIXED(DIM)                                                                                 \
+    static void weighted_values_##DIM(const float *restrict weights, const float *restrict v_head,               \
+                                      const int64_t *restrict table, int64_t len, int64_t block_size,             \
+                                      float *restrict out, float inverse) {                                       \
+        block_vector acc[DIM / FIXED_BLOCK] = {{0.0f}};                                                           \
+        for (int64_t start = 0; start < len; start += block_size) {                                              \
+            const float *block = v_head + table[start / block_size] * block_size * DIM;                         \
+            const int64_t n = len - start < block_size ? len - start : block_size;                              \
+            for (int64_t i = 0; i < n; i++) {                                                                   \
+                const float weight = weights[start + i];                                                        \
+                for (int64_t k = 0; k < DIM / FIXED_BLOCK; k++) {                                               \
+                    block_vector value;                                                                          \
+                    memcpy(&value, block + i * DIM + k * FIXED_BLOCK, sizeof value);                            \
+                    acc[k] += weight * value;                                                                    \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int64_t k = 0; k < DIM / FIXED_BLOCK; k++) {                                                       \
+            acc[k] *= inverse;                                                                                   \
+            memcpy(out + k * FIXED_BLOCK, &acc[k], sizeof acc[k]);                                              \
+        }                                                                                                        \
+    }
+WEIGHTED_VALUES_FIXED(32)
+WEIGHTED_VALUES_FIXED(64)
+WEIGHTED_VALUES_FIXED(128)
+
+static void weighted_values(const float *restrict weights, const float *restrict v_head, const int64_t *restrict table,
+                            int64_t len, int64_t head_dim, int64_t block_size, float *restrict out, float inverse) {
+    switch (head_dim) {
+    case 32: weighted_values_32(weights, v_head, table, len, block_size, out, inverse); return;
+    case 64: weighted_values_64(weights, v_head, table, len, block_size, out, inverse); return;
+    case 128: weighted_values_128(weights, v_head, table, len, block_size, out, inverse); return;
+    }
+    for (int64_t d = 0; d < head_dim; d++) out[d] = 0.0f;
+    for (int64_t start = 0; start < len; start += block_size) {
+        const float *block = v_head + table[start / block_size] * block_size * head_dim;
+        const int64_t n = len - start < block_size ? len - start : block_size;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t d = 0; d < head_dim; d++) out[d] += weights[start + i] * block[i * head_dim + d];
+    }
+    for (int64_t d = 0; d < head_dim; d++) out[d] *= inverse;
+}
+
 /* out[b, h] = softmax_t(scale * q[b, h] . K[b, t]) . V[b, t] over t < context_lens[b];
  * scratch holds num_heads / num_kv_heads * max_len floats. */
 void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
@@ -76,30 +121,16 @@ void paged_decode_attention(const float *q, const float *k_cache, const float *v
                                  scale);
             }
             for (int64_t g = 0; g < group; g++) {
-                float *scores = scratch + g * max_len;
-                float top = scores[0];
-                for (int64_t t = 1; t < len; t++) top = scores[t] > top ? scores[t] : top;
+                float *weights = scratch + g * max_len;
+                float top = weights[0];
+                for (int64_t t = 1; t < len; t++) top = weights[t] > top ? weights[t] : top;
                 float total = 0.0f;
                 for (int64_t t = 0; t < len; t++) {
-                    scores[t] = exp_nonpositive(scores[t] - top);
-                    total += scores[t];
+                    weights[t] = exp_nonpositive(weights[t] - top);
+                    total += weights[t];
                 }
-                const float inverse = 1.0f / total;
-                for (int64_t t = 0; t < len; t++) scores[t] *= inverse;
-            }
-            for (int64_t x = 0; x < group * head_dim; x++) attended[x] = 0.0f;
-            for (int64_t start = 0; start < len; start += block_size) {
-                const float *block = v_head + table[start / block_size] * block_size * head_dim;
-                const int64_t n = len - start < block_size ? len - start : block_size;
-                for (int64_t g = 0; g < group; g++) {
-                    const float *weights = scratch + g * max_len + start;
-                    float *head_out = attended + g * head_dim;
-                    for (int64_t i = 0; i < n; i++) {
-                        const float *value = block + i * head_dim;
-                        const float weight = weights[i];
-                        for (int64_t d = 0; d < head_dim; d++) head_out[d] += weight * value[d];
-                    }
-                }
+                weighted_values(weights, v_head, table, len, head_dim, block_size, attended + g * head_dim,
+                                1.0f / total);
             }
         }
     }
