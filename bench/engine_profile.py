@@ -2,7 +2,7 @@
 stepped on this thread, timed per phase (schedule, forward, sample + update + emit), then one torch.profiler
 table of the operators of a stretch of decode steps.
 
-    .venv/bin/python -m bench.engine_profile --model models/tiny [--threads 1] [--steps 20]
+    .venv/bin/python -m bench.engine_profile --model models/tiny [--threads 1] [--steps 20] [--compile]
 """
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="models/tiny")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--steps", type=int, default=20, help="decode steps under the profiler")
+    parser.add_argument("--compile", action="store_true", help="TORCH_COMPILE: the forward under torch.compile")
     return parser.parse_args(argv)
 
 
-def loaded_engine(runner: ModelRunner, config: Config) -> ContinuousEngine:
-    """An engine, not started, holding the workload's requests (EOS ignored)."""
+def loaded_engine(runner: ModelRunner, config: Config, seed: int = 0) -> ContinuousEngine:
+    """An engine, not started, holding the workload's requests (EOS ignored); a new seed gives new prompts, which
+    the runner's prefix cache has not seen."""
     engine = ContinuousEngine(runner, config)
-    spec = WorkloadSpec(num_requests=32, prompt_len_range=(32, 256), output_len_range=(64, 128), seed=0)
+    spec = WorkloadSpec(num_requests=32, prompt_len_range=(32, 256), output_len_range=(64, 128), seed=seed)
     for request in make_workload("profile", spec, runner.model.config.vocab_size, runner.eos_token_ids, None):
         sampling = SamplingParams(max_tokens=request.num_output_tokens, temperature=0.0, ignore_eos=True)
         engine.submit(EngineRequest(request.request_id, request.prompt_token_ids, sampling), lambda _: None)
@@ -81,17 +83,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(Config())
     torch.set_num_threads(args.threads)
-    config = Config(model=args.model, device="cpu", dtype="float32", max_num_seqs=32, cpu_threads=args.threads)
+    config = Config(
+        model=args.model,
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=32,
+        cpu_threads=args.threads,
+        torch_compile=args.compile,
+    )
     runner = ModelRunner(config)
     with torch.inference_mode():
-        time_phases(loaded_engine(runner, config), runner)  # warm-up
+        time_phases(loaded_engine(runner, config, seed=1), runner)  # warm-up, on other prompts
         started = time.perf_counter()
         num_steps, seconds = time_phases(loaded_engine(runner, config), runner)
         total = time.perf_counter() - started
         print(f"{num_steps} steps in {total:.3f}s, {total / num_steps * 1e3:.2f} ms/step, {args.threads} threads")
         for name, value in seconds.items():
             print(f"  {name:<13} {value / num_steps * 1e3:6.2f} ms/step  {value / total:6.1%}")
-        engine = loaded_engine(runner, config)
+        engine = loaded_engine(runner, config, seed=2)
         for _ in range(8):  # past the prefill, into decode-only steps
             engine._step_or_fail()
         with profile(activities=[ProfilerActivity.CPU]) as profiler:

@@ -39,8 +39,11 @@ def pick_tokens(
         first_rows.append(row)
         row += chunk.num_logits
     plain = [i for i, chunk in enumerate(chunks) if not chunk.num_spec_tokens]
-    index = torch.tensor([first_rows[i] for i in plain], dtype=torch.long, device=logits.device)
-    sampled = sample(logits.index_select(0, index), [sampling_row(chunks[i].request) for i in plain])
+    if len(plain) == logits.shape[0]:  # no proposed tokens this step: the logits are the plain rows, in order
+        plain_logits = logits
+    else:
+        plain_logits = logits.index_select(0, torch.tensor([first_rows[i] for i in plain], device=logits.device))
+    sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain])
     token_ids: list[list[int]] = [[] for _ in chunks]
     logprobs: list[TokenLogprob | None] = [None] * len(chunks)
     for position, i in enumerate(plain):
