@@ -42,7 +42,8 @@ def pick_tokens(
     if len(plain) == logits.shape[0]:  # no proposed tokens this step: the logits are the plain rows, in order
         plain_logits = logits
     else:
-        plain_logits = logits.index_select(0, torch.tensor([first_rows[i] for i in plain], device=logits.device))
+        index = torch.tensor([first_rows[i] for i in plain], dtype=torch.long, device=logits.device)
+        plain_logits = logits.index_select(0, index)
     sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain])
     token_ids: list[list[int]] = [[] for _ in chunks]
     logprobs: list[TokenLogprob | None] = [None] * len(chunks)
