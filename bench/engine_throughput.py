@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1,
         help="rounds of every engine, interleaved, each engine opened afresh (no prefix cache carried over); the "
-        "table shows each engine's median round by wall time",
+        "table shows each engine's median round by wall time (the faster middle one for an even count)",
     )
     parser.add_argument("--out", type=Path, help="also write the markdown (machine, command, table) here")
     args = parser.parse_args(argv)
@@ -194,9 +194,10 @@ def format_rounds(throughputs: dict[tuple[str, str], list[float]], labels: dict[
                     + ", ".join(f"{ratio:.2f}x" for ratio in per_round)
                     + f" (median {statistics.median(per_round):.2f}x)"
                 )
-    return "\n\n".join(
-        ["Output tok/s of each round:", "\n".join(lines), "Ratios within each round:", "\n".join(ratios)]
-    )
+    parts = ["Output tok/s of each round:", "\n".join(lines)]
+    if ratios:
+        parts += ["Ratios within each round:", "\n".join(ratios)]
+    return "\n\n".join(parts)
 
 
 def summarize_all(results: list[RunResult]) -> list[Summary]:

@@ -45,6 +45,7 @@ class CpuDecodeKernel:
         [Hkv, num_blocks, D, block_size], transposed within blocks."""
         num_kv_heads, num_blocks, head_dim, block_size = k_cache.shape
         keys = keys.contiguous()  # held in a name: a temporary's memory could be freed before the call reads it
+        _check_layouts(k_cache, keys, index=slots)  # the slots themselves are checked as the step is built
         args = (num_kv_heads, keys.shape[1], head_dim, num_blocks, block_size)
         self._write_keys(k_cache.data_ptr(), slots.data_ptr(), keys.data_ptr(), *args)
 
@@ -61,8 +62,10 @@ class CpuDecodeKernel:
         """[B, H, D]: each row's one query token attended over its own context in the pool."""
         batch, num_heads, head_dim = query.shape
         num_kv_heads, num_blocks, block_size, _ = v_cache.shape
-        output = torch.empty(batch, num_heads, head_dim)
-        scratch = torch.empty(num_heads // num_kv_heads, max_len)
+        _check_layouts(query, k_cache, v_cache, index=block_tables)
+        _check_layouts(index=context_lens)
+        output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
+        scratch = torch.empty(num_heads // num_kv_heads, max_len, dtype=torch.float32)
         self._attention(
             query.data_ptr(),
             k_cache.data_ptr(),
@@ -82,6 +85,15 @@ class CpuDecodeKernel:
             scale,
         )
         return output
+
+
+def _check_layouts(*floats: torch.Tensor, index: torch.Tensor) -> None:
+    """What the C code assumes of the tensors it gets pointers to; a mismatch would read or write the wrong memory."""
+    for tensor in floats:
+        if tensor.dtype != torch.float32 or not tensor.is_contiguous() or tensor.device.type != "cpu":
+            raise ValueError(f"the CPU decode kernel needs contiguous float32 CPU tensors, got {tensor.dtype}")
+    if index.dtype != torch.int64 or not index.is_contiguous():
+        raise ValueError(f"the CPU decode kernel needs contiguous int64 indices, got {index.dtype}")
 
 
 def load_cpu_decode_kernel(cache_dir: Path | None = None) -> CpuDecodeKernel | None:
@@ -114,10 +126,10 @@ def _compile(library: Path) -> None:
 
 
 def _build_key() -> str:
-    """Source, flags and CPU: -march=native code must not be loaded on another CPU from a shared cache."""
+    """Source, flags, compiler and CPU: -march=native code must not be loaded on another CPU from a shared cache."""
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
-    digest.update(f"{platform.machine()} {_cpu_identity()}".encode())
+    digest.update(f"{platform.machine()} {_cpu_identity()} {os.environ.get('CC', 'cc')}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -126,5 +138,5 @@ def _cpu_identity() -> str:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor()
-    wanted = ("model name", "flags")
+    wanted = ("model name", "flags", "CPU part", "Features")  # x86, and ARM's names
     return "|".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))

@@ -93,9 +93,12 @@ class ModelRunner:
         self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config)
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
         self._hooks = BatchHooks(self.model)
-        self._compiled = compile_model(self.model) if config.torch_compile and not self.is_flash else None
-        if self._compiled is not None:
-            warm_up(self.run, self.kv_pool.block_size)
+        self._compiled: torch.nn.Module | None = None
+        if config.torch_compile and self.device.type == "cpu":  # measured on CPU only; CUDA would want CUDA graphs
+            self._compiled = compile_model(self.model)
+            warm_up(self.run, self.kv_pool)
+        elif config.torch_compile:
+            logger.warning("TORCH_COMPILE is for CPU workers; this %s worker runs eager", self.device.type)
         logger.info(
             "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s%s",
             config.model,

@@ -107,7 +107,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """Attention of one query token per row as two batched matmuls over (KV head, row), the query heads of a group
     sharing their KV head (GQA); for single-token queries this is several times faster than SDPA on CPU. The mask
-    comes as an additive bias that the first matmul adds as it scales, which saves a masking pass per layer.
+    comes as an additive bias that the first matmul adds as it scales, which saves a masking pass per layer (unlike
+    masked_fill it would turn an infinite score at a padded position into NaN, which finite float32 K/V never give).
     Returns [B, H, D]."""
     batch, num_heads, head_dim = query.shape
     num_kv_heads, length = key.shape[0], score_bias.shape[-1]

@@ -12,8 +12,10 @@
 static inline float exp_nonpositive(float x) {
     x = x < -87.0f ? -87.0f : x;
     const float n = floorf(1.44269504088896341f * x + 0.5f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
+    /* fmaf keeps the two-step reduction by ln 2 exact; written as x - n * c, -fassociative-math would merge the
+     * steps and cost up to 62 ulp */
+    float r = fmaf(-n, 0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
     const float r2 = r * r;
     float y = 1.9875691500e-4f;
     y = y * r + 1.3981999507e-3f;

@@ -81,6 +81,11 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
         slots.extend(_slot(chunk, position, block_size) for position in span)
         rows.extend([row] * chunk.num_tokens)
 
+    # The CPU kernel reads and writes blocks without checking: a table too short for a chunk fails in _slot above,
+    # and a block past the pool here.
+    if slots and max(slots) >= kv_pool.num_blocks * block_size:
+        raise IndexError(f"a KV slot is outside the pool's {kv_pool.num_blocks * block_size}")
+
     def tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 

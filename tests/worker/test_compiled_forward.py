@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request, RequestStatus
 from steering.hook_points import HookPoint
-from worker.model_runner import ModelRunner  # which defines steerbatch::paged_attention
+from worker.compiled_forward import compile_model
+from worker.model_runner import ModelRunner
 
 
 class CountingCalls:
@@ -60,3 +64,28 @@ def test_the_op_refuses_to_run_outside_a_compiled_step() -> None:
     tensor = torch.zeros(1, 2, 3, 4)
     with pytest.raises(RuntimeError, match="outside current_step"):
         torch.ops.steerbatch.paged_attention(tensor, tensor, tensor, torch.zeros(1), 0, 1.0)
+
+
+def test_after_the_warm_up_no_kind_of_step_compiles_again(compiled_endless_runner: ModelRunner) -> None:
+    counters = torch._dynamo.utils.counters["stats"]
+    graphs_before = counters["unique_graphs"]
+    prompt = list(range(5, 25))
+    steps = []
+    for i, (start, num_tokens, is_sampling) in enumerate([(0, 12, False), (12, 8, True), (19, 1, True)]):
+        request = Request(
+            f"r{i}", prompt, max_tokens=2, block_table=[50 + 2 * i, 51 + 2 * i], num_computed_tokens=start
+        )
+        request.status = RequestStatus.RUNNING
+        steps.append(ScheduledChunk(request, start, num_tokens, is_sampling))
+    for batch in ([steps[0]], [steps[1]], [steps[2]], [steps[0], steps[2]], [steps[1], steps[2]], steps):
+        compiled_endless_runner.run(Batch(batch))
+
+    assert counters["unique_graphs"] == graphs_before
+
+
+def test_a_second_architecture_in_one_process_is_refused(compiled_endless_runner: ModelRunner) -> None:
+    config = copy.deepcopy(compiled_endless_runner.model.config)
+    config.num_hidden_layers = 2  # the guards skip modules, so this model would run the 4-layer graph
+    with pytest.raises(ValueError, match="another architecture"):
+        compile_model(AutoModelForCausalLM.from_config(config))
+    assert compile_model(compiled_endless_runner.model) is not None  # the same one again is fine

@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from scheduler.batch import Batch, ScheduledChunk
+from scheduler.request import Request
 from worker.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
 from worker.kv_pool import KVPool, KVShape
 from worker.model_runner import ModelRunner
 from worker.paged_attention import decode_attention, gather_blocks, gather_keys
+from worker.paged_step import build_paged_step
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) to build the kernel")
 
@@ -38,13 +41,26 @@ def gathered_attention(
     return decode_attention(query, k, v, bias, query.shape[-1] ** -0.5)
 
 
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 32), (4, 4, 32), (6, 2, 24), (8, 1, 16)])
-def test_kernel_equals_the_gather_path(kernel: CpuDecodeKernel, num_heads: int, num_kv_heads: int, head_dim: int):
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [
+        (4, 2, 32, 16),  # the tiny model
+        (4, 4, 32, 16),  # no GQA
+        (8, 2, 64, 16),  # the head dims whose sums stay in registers
+        (8, 2, 128, 16),
+        (6, 2, 24, 16),  # another head dim: the generic sums
+        (8, 1, 16, 16),
+        (4, 2, 80, 8),  # another block size: the generic scores
+    ],
+)
+def test_kernel_equals_the_gather_path(
+    kernel: CpuDecodeKernel, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
     torch.manual_seed(num_heads * 100 + head_dim)
-    block_size, num_blocks = 16, 64
+    num_blocks = 128
     k_cache = torch.randn(num_kv_heads, num_blocks, block_size, head_dim)
     v_cache = torch.randn(num_kv_heads, num_blocks, block_size, head_dim)
-    lens = torch.tensor([1, 16, 17, 100, 5, 63])  # one token, a whole block, one over, and ragged
+    lens = torch.tensor([1, block_size, block_size + 1, 100, 5, 63])  # one token, a whole block, one over, ragged
     width = int(-(-lens.max() // block_size))
     tables = torch.randperm(num_blocks)[: len(lens) * width].view(len(lens), width)  # scattered blocks
     for row, length in enumerate(lens.tolist()):  # past a row's own blocks, the table is padding
@@ -55,6 +71,31 @@ def test_kernel_equals_the_gather_path(kernel: CpuDecodeKernel, num_heads: int, 
     attended = kernel.attention(query, keys_transposed, v_cache, tables, lens, int(lens.max()), head_dim**-0.5)
 
     torch.testing.assert_close(attended, gathered_attention(query, k_cache, v_cache, tables, lens))
+
+
+def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> None:
+    k_cache, v_cache = torch.zeros(1, 4, 8, 16), torch.zeros(1, 4, 16, 8)
+    tables, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+    with pytest.raises(ValueError, match="float32"):
+        kernel.attention(torch.zeros(1, 2, 8, dtype=torch.float64), k_cache, v_cache, tables, lens, 1, 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        kernel.attention(torch.zeros(1, 2, 8), k_cache, v_cache, tables.int(), lens, 1, 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        kernel.write_keys(k_cache, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 8, dtype=torch.float64))
+
+
+def test_a_step_the_kernel_would_read_or_write_out_of_bounds_is_refused(kernel: CpuDecodeKernel) -> None:
+    pool = KVPool(KVShape(1, 1, 8), 4, 16, torch.float32, torch.device("cpu"), True, kernel)
+
+    def decode_step(block_table: list[int]) -> Batch:
+        request = Request("r", list(range(20)), max_tokens=2, block_table=block_table, num_computed_tokens=19)
+        return Batch([ScheduledChunk(request, 19, 1, is_sampling=True)])
+
+    with pytest.raises(IndexError):  # 20 tokens in one block of 16
+        build_paged_step(decode_step([0]), pool, torch.device("cpu"), for_flash=False)
+    with pytest.raises(IndexError, match="outside the pool"):  # block 7 of a pool of 4
+        build_paged_step(decode_step([0, 7]), pool, torch.device("cpu"), for_flash=False)
+    assert build_paged_step(decode_step([0, 3]), pool, torch.device("cpu"), for_flash=False).decode_table is not None
 
 
 def test_a_built_kernel_is_reused(tmp_path: Path) -> None:
