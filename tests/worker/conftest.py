@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,32 +51,22 @@ def engine(runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFi
     yield from serve(runner, tiny_config, caplog)
 
 
-@pytest.fixture
-def endless_engine(
-    endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
-) -> Iterator[ContinuousEngine]:
-    yield from serve(endless_runner, tiny_config, caplog)
+def engine_on(runner_fixture: str) -> Callable[..., Iterator[ContinuousEngine]]:
+    """A fixture serving an engine over the named runner fixture."""
+
+    @pytest.fixture
+    def serving(
+        request: pytest.FixtureRequest, tiny_config: Config, caplog: pytest.LogCaptureFixture
+    ) -> Iterator[ContinuousEngine]:
+        yield from serve(request.getfixturevalue(runner_fixture), tiny_config, caplog)
+
+    return serving
 
 
-@pytest.fixture
-def gather_endless_engine(
-    gather_endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
-) -> Iterator[ContinuousEngine]:
-    yield from serve(gather_endless_runner, tiny_config, caplog)
-
-
-@pytest.fixture
-def compiled_endless_engine(
-    compiled_endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
-) -> Iterator[ContinuousEngine]:
-    yield from serve(compiled_endless_runner, tiny_config, caplog)
-
-
-@pytest.fixture
-def short_engine(
-    short_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
-) -> Iterator[ContinuousEngine]:
-    yield from serve(short_runner, tiny_config, caplog)
+endless_engine = engine_on("endless_runner")
+gather_endless_engine = engine_on("gather_endless_runner")
+compiled_endless_engine = engine_on("compiled_endless_runner")
+short_engine = engine_on("short_runner")
 
 
 @pytest.fixture(scope="session")
