@@ -5,7 +5,7 @@ embedding, projections, residuals), not in their arithmetic. Compiled with dynam
 attention becomes one generated graph per distinct shape class. The attention cannot be traced: its metadata is
 Python lists that change every step, and it writes the KV pool in place. So the graph calls
 `steerbatch::paged_attention`, a custom op that declares the pool as mutated, and the op reads the step's
-`PagedStep` from a thread-local that `paged_forward` sets around the call.
+`PagedStep` from a thread-local that `compiled_forward` sets around the call.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request, RequestStatus
 from worker.kv_pool import KVPool
+from worker.paged_attention import paged_sdpa_attention_at
 from worker.paged_step import PagedStep
 
 logger = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ def _paged_attention(
 ) -> torch.Tensor:
     """[N, H, D]: the step's attention output for layer `layer_idx`; writes the new K/V into `kv_cache` (the
     pool's tensor, passed so the compiler knows it changes)."""
-    from worker.paged_attention import paged_sdpa_attention_at
-
     step, kv_pool = getattr(_current, "step", None), getattr(_current, "kv_pool", None)
     if step is None or kv_pool is None or kv_pool.cache is not kv_cache:
         raise RuntimeError("steerbatch::paged_attention called outside current_step() for this pool")

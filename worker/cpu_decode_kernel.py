@@ -3,7 +3,7 @@ cached, and called through ctypes.
 
 On CPU, gathering every decode row's blocks and attending over the copy with batched matmuls cost most of a step's
 attention: the gather writes all of the rows' K/V once more, and every length bucket pays a dozen operator calls
-per layer. The kernel reads each row's blocks where they lie, once, for all decode rows in two calls per layer
+per layer. The kernel reads each row's blocks where they lie, once, for all decode rows in one call per layer
 (docs/BENCHMARKS.md). Without a compiler the engine keeps the gather path and says so in the log.
 """
 
@@ -24,7 +24,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
-# -fassociative-math lets the compiler vectorize the dot products' sums; no -ffast-math: -inf must stay -inf.
+# -fassociative-math lets the compiler vectorize the sums; no -ffast-math, whose shared objects switch the whole
+# process to flushing denormals to zero when loaded.
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
 COMPILE_TIMEOUT_S = 120
 _POINTER, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
