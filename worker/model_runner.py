@@ -160,7 +160,7 @@ class ModelRunner:
             self._hooks.set_step(plan)
         try:
             if self._compiled is not None and plan is None:
-                self._hooks.close()  # a hook left from a steered step would make the compiled graph recompile
+                self._hooks.close()  # the graph is traced without hooks, and its guards skip modules: leave it none
                 logits = compiled_forward(self._compiled, step, self.kv_pool)
             else:
                 logits = paged_forward(self.model, step, self.kv_pool)

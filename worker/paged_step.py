@@ -148,20 +148,19 @@ def _decode_rows(
 
 
 def _decode_table(chunks: list[ScheduledChunk], device: torch.device) -> DecodeTable | None:
-    token_index, tables, lens = [], [], []
+    token_index, decode_chunks = [], []
     token = 0
     for chunk in chunks:
         if chunk.is_decode:
             token_index.append(token)
-            tables.append(chunk.request.block_table)
-            lens.append(chunk.end)
+            decode_chunks.append(chunk)
         token += chunk.num_tokens
-    if not lens:
+    if not decode_chunks:
         return None
-    width = max(len(table) for table in tables)
+    lens = [chunk.end for chunk in decode_chunks]
     return DecodeTable(
         token_index=torch.tensor(token_index, device=device),
-        block_tables=torch.tensor([table + [0] * (width - len(table)) for table in tables], dtype=torch.long),
+        block_tables=_block_tables(decode_chunks),
         context_lens=torch.tensor(lens, dtype=torch.long),
         max_len=max(lens),
         is_whole_step=len(lens) == token,
