@@ -4,8 +4,6 @@ worker runs."""
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -22,37 +20,15 @@ from tasks.db import SessionFactory
 from worker.batch_chunk import ChunkRunner
 from worker.batch_stops import StopWatcher
 from worker.engine import Engine
+from worker.periodic import PeriodicThread
 
 logger = logging.getLogger(__name__)
-
-
-class BatchReaper:
-    """Runs `reap` every `interval_s` on its own thread; a failed pass is logged and the next one tries again."""
-
-    def __init__(self, interval_s: float, reap: Callable[[], None]) -> None:
-        self._interval_s = interval_s
-        self._reap = reap
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._reap_forever, name="batch-reaper", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def _reap_forever(self) -> None:
-        while not self._stopped.wait(self._interval_s):
-            try:
-                self._reap()
-            except Exception:
-                logger.exception("batch reaper pass failed")
 
 
 @dataclass
 class BulkRuntime:
     chunks: ChunkRunner
-    reaper: BatchReaper
+    reaper: PeriodicThread
     stops: StopWatcher
 
     def stop(self) -> None:
@@ -87,6 +63,10 @@ def start_bulk(
     stops = StopWatcher(client, config)
     stops.start()
     chunks = ChunkRunner(config, engine, tokenizer, client, sessions, worker, stops, after_chunk)
-    reaper = BatchReaper(config.batch_reaper_interval_s, lambda: reap_once(sessions, client, config, enqueue))
+
+    def reap() -> None:
+        reap_once(sessions, client, config, enqueue)
+
+    reaper = PeriodicThread("batch-reaper", config.batch_reaper_interval_s, reap)
     reaper.start()
     return BulkRuntime(chunks, reaper, stops)
