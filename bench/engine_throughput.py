@@ -168,9 +168,10 @@ def median_runs(rounds: list[list[RunResult]]) -> tuple[list[RunResult], dict[tu
         by_cell.setdefault((result.workload, result.engine_key), []).append(result)
     medians, throughputs = [], {}
     for cell, runs in by_cell.items():
-        summaries = sorted(((summarize(run, None), run) for run in runs), key=lambda pair: pair[0].wall_s)
-        medians.append(summaries[(len(summaries) - 1) // 2][1])
-        throughputs[cell] = [summarize(run, None).tokens_per_s for run in runs]
+        summaries = [summarize(run, None) for run in runs]
+        by_wall = sorted(zip(summaries, runs, strict=True), key=lambda pair: pair[0].wall_s)
+        medians.append(by_wall[(len(by_wall) - 1) // 2][1])
+        throughputs[cell] = [summary.tokens_per_s for summary in summaries]
     return medians, throughputs
 
 

@@ -62,10 +62,14 @@ class KVPool:
         self.head_dim = shape.head_dim
         self.dtype = dtype
         self.decode_kernel = decode_kernel if is_heads_major else None  # reads decode rows' blocks in place
-        self.keys_transposed = self.decode_kernel is not None
         heads, dim = shape.num_kv_heads, shape.head_dim
         per_layer = (heads, num_blocks, block_size, dim) if is_heads_major else (num_blocks, block_size, heads, dim)
         self.cache = torch.zeros(shape.num_layers, 2, *per_layer, dtype=dtype, device=device)
+
+    @property
+    def keys_transposed(self) -> bool:
+        """Keys are stored [Hkv, num_blocks, D, block_size], as the CPU decode kernel reads them."""
+        return self.decode_kernel is not None
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each in the pool's layout."""

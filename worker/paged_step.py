@@ -70,7 +70,7 @@ class PagedStep:
 
 def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_flash: bool) -> PagedStep:
     chunks, block_size = batch.chunks, kv_pool.block_size
-    has_kernel = kv_pool.decode_kernel is not None and not for_flash
+    has_kernel = kv_pool.decode_kernel is not None  # never on a flash pool: its layout is not heads-major
     input_ids, positions, slots, rows, logits_indices = [], [], [], [], []
     for row, chunk in enumerate(chunks):
         chunk_end = len(input_ids) + chunk.num_tokens

@@ -17,12 +17,13 @@ from worker.model_runner import ModelRunner
 from worker.paged_attention import decode_attention, gather_blocks, gather_keys
 from worker.paged_step import build_paged_step
 
-needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) to build the kernel")
+HAS_COMPILER = shutil.which("cc") is not None
+needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler (cc) to build the kernel")
 
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> CpuDecodeKernel:
-    if shutil.which("cc") is None:
+    if not HAS_COMPILER:
         pytest.skip("no C compiler (cc) to build the kernel")
     built = load_cpu_decode_kernel(tmp_path_factory.mktemp("kernels"))
     assert built is not None
@@ -98,9 +99,8 @@ def test_a_step_the_kernel_would_read_or_write_out_of_bounds_is_refused(kernel: 
     assert build_paged_step(decode_step([0, 3]), pool, torch.device("cpu"), for_flash=False).decode_table is not None
 
 
+@needs_compiler
 def test_a_built_kernel_is_reused(tmp_path: Path) -> None:
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc) to build the kernel")
     assert load_cpu_decode_kernel(tmp_path) is not None
     (library,) = tmp_path.glob("paged_decode-*.so")
     built_at = library.stat().st_mtime_ns
