@@ -69,6 +69,14 @@ class Request:
             return self.prompt_token_ids[start:stop]
         return (self.prompt_token_ids + self.output_token_ids + self.spec_token_ids)[start:stop]
 
+    def token_at(self, position: int) -> int:
+        """Token `position` of prompt + output + proposed tokens, without joining them."""
+        for part in (self.prompt_token_ids, self.output_token_ids, self.spec_token_ids):
+            if position < len(part):
+                return part[position]
+            position -= len(part)
+        raise IndexError(f"request {self.request_id!r} has no token at that position")
+
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES

@@ -234,12 +234,7 @@ class ContinuousEngine:
         return speculation_allowance(sequence, request, self._config, self._speculator.methods, is_monitored)
 
     def _sampling_row(self, request: Request) -> SamplingRow:
-        sequence = self._sequences[request.request_id]
-        sampling = sequence.request.sampling
-        suppressed: tuple[int, ...] = ()
-        if request.num_output_tokens < sampling.min_tokens:
-            suppressed = tuple(sorted(request.stop_token_ids))
-        return SamplingRow(sampling, sequence.generator, request.prompt_token_ids, request.output_token_ids, suppressed)
+        return self._sequences[request.request_id].sampling_row()
 
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
         request_id = update.request.request_id

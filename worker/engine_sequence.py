@@ -11,6 +11,7 @@ from scheduler.request import Request
 from tasks.steering_messages import MonitoredPosition
 from worker.engine import EngineOutput, EngineRequest, OutputCallback
 from worker.request_sae import RequestSAE
+from worker.sampler import SamplingRow
 
 
 @dataclass
@@ -26,6 +27,20 @@ class EngineSequence:
     monitored: list[MonitoredPosition] = field(default_factory=list)  # read since the request's last output
     num_proposed_tokens: int = 0
     num_accepted_tokens: int = 0
+    _plain_row: SamplingRow = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Built once: it holds the scheduler's own token lists, which grow in place, and a step asks for every row.
+        scheduled = self.scheduled
+        self._plain_row = SamplingRow(
+            self.request.sampling, self.generator, scheduled.prompt_token_ids, scheduled.output_token_ids
+        )
+
+    def sampling_row(self) -> SamplingRow:
+        """How to pick the request's next token: its stop tokens are suppressed until it has min_tokens outputs."""
+        if self.scheduled.num_output_tokens >= self.request.sampling.min_tokens:
+            return self._plain_row
+        return dataclasses.replace(self._plain_row, suppressed_token_ids=tuple(sorted(self.scheduled.stop_token_ids)))
 
     def with_reports(self, output: EngineOutput) -> EngineOutput:
         """`output` carrying the applied steering (the first time) and the positions monitored since the last one."""
