@@ -215,7 +215,7 @@ class ContinuousEngine:
         output = self._runner.run(batch, rows, self._step_monitor)
         for request_id, positions in output.monitored.items():
             self._sequences[request_id].monitored.extend(positions)
-        picked = pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row)
+        picked = pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax)
         updates = self._scheduler.update_from_output(batch, picked.token_ids)
         num_appended = {update.request.request_id: len(update.token_ids) for update in updates}
         for verification in picked.verifications:

@@ -40,6 +40,20 @@ class CpuDecodeKernel:
         self._write_keys = lib.paged_write_keys
         self._write_keys.argtypes = [_POINTER] * 3 + [_INT] * 5
         self._write_keys.restype = None
+        self._argmax = lib.greedy_argmax
+        self._argmax.argtypes = [_POINTER, _INT, _INT, _POINTER]
+        self._argmax.restype = None
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """[S] int64: `logits.argmax(dim=-1)` of float32 CPU logits [S, V], ties and NaN alike; torch's own runs
+        one value at a time (about 90 us for 32 rows of 2048 against 10)."""
+        logits = logits.contiguous()
+        _check_layouts(logits)
+        rows, cols = logits.shape
+        out = torch.empty(rows, dtype=torch.int64)
+        if cols:
+            self._argmax(logits.data_ptr(), rows, cols, out.data_ptr())
+        return out
 
     def write_keys(self, k_cache: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:
         """Stores `keys` [Hkv, N, D] (float32, contiguous) at `slots` [N] (int64) of one layer's keys
@@ -88,12 +102,12 @@ class CpuDecodeKernel:
         return output
 
 
-def _check_layouts(*floats: torch.Tensor, index: torch.Tensor) -> None:
+def _check_layouts(*floats: torch.Tensor, index: torch.Tensor | None = None) -> None:
     """What the C code assumes of the tensors it gets pointers to; a mismatch would read or write the wrong memory."""
     for tensor in floats:
         if tensor.dtype != torch.float32 or not tensor.is_contiguous() or tensor.device.type != "cpu":
             raise ValueError(f"the CPU decode kernel needs contiguous float32 CPU tensors, got {tensor.dtype}")
-    if index.dtype != torch.int64 or not index.is_contiguous():
+    if index is not None and (index.dtype != torch.int64 or not index.is_contiguous()):
         raise ValueError(f"the CPU decode kernel needs contiguous int64 indices, got {index.dtype}")
 
 

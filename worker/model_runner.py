@@ -22,6 +22,7 @@ from worker.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_availab
 from worker.paged_step import PagedStep, build_paged_step
 from worker.request_sae import RequestSAE
 from worker.sae_attachments import SAEAttachments
+from worker.sampler import Argmax, torch_argmax
 from worker.steering_plan import build_step_plan, read_monitored
 from worker.worker_monitor import WorkerMonitor
 
@@ -91,6 +92,8 @@ class ModelRunner:
                 self.max_model_len,
             )
         self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config)
+        kernel = self.kv_pool.decode_kernel
+        self.argmax: Argmax = kernel.argmax if kernel is not None else torch_argmax  # of the logits run() returns
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
         self._hooks = BatchHooks(self.model)
         self._compiled: torch.nn.Module | None = None

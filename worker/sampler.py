@@ -6,11 +6,18 @@ Logprobs are those of the model's raw distribution (before penalties and tempera
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from tasks.messages import SamplingParams, TokenLogprob
+
+Argmax = Callable[[torch.Tensor], torch.Tensor]  # [S, V] -> [S] int64, the first largest index of each row
+
+
+def torch_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -28,12 +35,12 @@ class SampledTokens:
     logprobs: list[TokenLogprob | None]
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampledTokens:
-    """`logits` [S, V] float, row i belonging to rows[i]."""
+def sample(logits: torch.Tensor, rows: list[SamplingRow], argmax: Argmax = torch_argmax) -> SampledTokens:
+    """`logits` [S, V] float, row i belonging to rows[i]; `argmax` picks the greedy rows' tokens."""
     raw_logits = logits
     logits = apply_penalties(logits, rows)
     logits = suppress_tokens(logits, rows)
-    tokens = logits.argmax(dim=-1)  # [S]
+    tokens = argmax(logits)  # [S]
     sampled_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
     if sampled_rows:
         index = torch.tensor(sampled_rows, device=logits.device)

@@ -11,7 +11,7 @@ import torch
 from scheduler.batch import ScheduledChunk
 from scheduler.request import Request
 from tasks.messages import TokenLogprob
-from worker.sampler import SamplingRow, sample, sampling_probs
+from worker.sampler import Argmax, SamplingRow, sample, sampling_probs, torch_argmax
 from worker.speculation import verify_greedy, verify_sampled
 
 
@@ -33,6 +33,7 @@ def pick_tokens(
     chunks: list[ScheduledChunk],
     logits: torch.Tensor,  # [sum of chunks' num_logits, V]
     sampling_row: Callable[[Request], SamplingRow],
+    argmax: Argmax = torch_argmax,
 ) -> StepTokens:
     first_rows, row = [], 0
     for chunk in chunks:
@@ -44,7 +45,7 @@ def pick_tokens(
     else:
         index = torch.tensor([first_rows[i] for i in plain], dtype=torch.long, device=logits.device)
         plain_logits = logits.index_select(0, index)
-    sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain])
+    sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain], argmax)
     token_ids: list[list[int]] = [[] for _ in chunks]
     logprobs: list[TokenLogprob | None] = [None] * len(chunks)
     for position, i in enumerate(plain):

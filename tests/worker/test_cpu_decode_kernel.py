@@ -16,6 +16,7 @@ from worker.kv_pool import KVPool, KVShape
 from worker.model_runner import ModelRunner
 from worker.paged_attention import decode_attention, gather_blocks, gather_keys
 from worker.paged_step import build_paged_step
+from worker.sampler import torch_argmax
 
 HAS_COMPILER = shutil.which("cc") is not None
 needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler (cc) to build the kernel")
@@ -49,6 +50,9 @@ def gathered_attention(
         (4, 4, 32, 16),  # no GQA
         (8, 2, 64, 16),  # the head dims whose sums stay in registers
         (8, 2, 128, 16),
+        (6, 2, 32, 16),  # groups of 3: a pair of heads, then one, through the fixed sums
+        (6, 2, 64, 16),
+        (16, 2, 32, 16),  # groups of 8: the scores four heads at a time
         (6, 2, 24, 16),  # another head dim: the generic sums
         (8, 1, 16, 16),
         (4, 2, 80, 8),  # another block size: the generic scores
@@ -72,6 +76,27 @@ def test_kernel_equals_the_gather_path(
     attended = kernel.attention(query, keys_transposed, v_cache, tables, lens, int(lens.max()), head_dim**-0.5)
 
     torch.testing.assert_close(attended, gathered_attention(query, k_cache, v_cache, tables, lens))
+
+
+@pytest.mark.parametrize("shape", [(32, 2048), (1, 1), (3, 15), (4, 16), (5, 17), (7, 45), (2, 50_000)])
+def test_kernel_argmax_equals_torchs(kernel: CpuDecodeKernel, shape: tuple[int, int]) -> None:
+    generator = torch.Generator().manual_seed(shape[1])
+    for _ in range(20):
+        logits = torch.randn(shape, generator=generator)
+        assert torch.equal(kernel.argmax(logits), logits.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("num_cols", [7, 16, 40, 45])
+def test_kernel_argmax_picks_as_torch_among_ties_infinities_and_nans(kernel: CpuDecodeKernel, num_cols: int) -> None:
+    generator = torch.Generator().manual_seed(num_cols)
+    ties = torch.randint(0, 3, (64, num_cols), generator=generator).float()
+    assert torch.equal(kernel.argmax(ties), ties.argmax(dim=-1))
+    for _ in range(100):
+        logits = torch.randn(6, num_cols, generator=generator)
+        logits[torch.rand(6, num_cols, generator=generator) < 0.05] = float("nan")
+        logits[torch.rand(6, num_cols, generator=generator) < 0.05] = float("inf")
+        logits[torch.rand(6, num_cols, generator=generator) < 0.05] = float("-inf")
+        assert torch.equal(kernel.argmax(logits), logits.argmax(dim=-1))
 
 
 def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> None:
@@ -122,7 +147,9 @@ def test_no_compiler_falls_back_with_a_warning(
 @needs_compiler
 def test_the_default_cpu_runner_decodes_with_the_kernel(runner: ModelRunner, gather_endless_runner: ModelRunner):
     assert runner.kv_pool.decode_kernel is not None
+    assert runner.argmax == runner.kv_pool.decode_kernel.argmax  # greedy rows too
     assert gather_endless_runner.kv_pool.decode_kernel is None
+    assert gather_endless_runner.argmax is torch_argmax
 
 
 def test_a_pool_with_the_kernel_stores_keys_transposed_within_blocks(kernel: CpuDecodeKernel) -> None:
