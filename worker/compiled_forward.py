@@ -69,9 +69,12 @@ def _(
     return query.new_empty(query.shape[2], query.shape[1], query.shape[3])
 
 
-def compiled_forward(compiled: torch.nn.Module, step: PagedStep, kv_pool: KVPool) -> torch.Tensor:
-    """The logits [S, V] (float) at the step's logits indices, through the compiled model."""
-    with current_step(step, kv_pool):
+def compiled_forward(
+    compiled: torch.nn.Module, step: PagedStep, kv_pool: KVPool, is_warm: bool = False
+) -> torch.Tensor:
+    """The logits [S, V] (float) at the step's logits indices, through the compiled model. Once `is_warm` (every
+    shape class compiled: `warm_up`), Dynamo checks only the guards that tell those graphs apart."""
+    with current_step(step, kv_pool), torch.compiler.set_stance(skip_guard_eval_unsafe=is_warm):
         output = compiled(
             input_ids=step.input_ids,
             position_ids=step.position_ids,
@@ -99,8 +102,11 @@ def compile_model(model: PreTrainedModel) -> torch.nn.Module:
     if _compiled_architecture is not None and architecture != _compiled_architecture:
         raise ValueError("TORCH_COMPILE: this process already compiled a model of another architecture or shape")
     _compiled_architecture = architecture
-    guard_filter = torch.compiler.skip_guard_on_all_nn_modules_unsafe
-    return torch.compile(model, dynamic=True, options={"guard_filter_fn": guard_filter})
+    options = {
+        "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+        "cpp_wrapper": True,  # the generated graph calls its kernels from C++, not from a Python function
+    }
+    return torch.compile(model, dynamic=True, options=options)
 
 
 def warm_up(run: Callable[[Batch], object], kv_pool: KVPool) -> None:

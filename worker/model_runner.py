@@ -97,9 +97,11 @@ class ModelRunner:
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
         self._hooks = BatchHooks(self.model)
         self._compiled: torch.nn.Module | None = None
+        self._is_compiled_warm = False
         if config.torch_compile and self.device.type == "cpu":  # measured on CPU only; CUDA would want CUDA graphs
             self._compiled = compile_model(self.model)
             warm_up(self.run, self.kv_pool)
+            self._is_compiled_warm = True
         elif config.torch_compile:
             logger.warning("TORCH_COMPILE is for CPU workers; this %s worker runs eager", self.device.type)
         logger.info(
@@ -164,7 +166,7 @@ class ModelRunner:
         try:
             if self._compiled is not None and plan is None:
                 self._hooks.close()  # the graph is traced without hooks, and its guards skip modules: leave it none
-                logits = compiled_forward(self._compiled, step, self.kv_pool)
+                logits = compiled_forward(self._compiled, step, self.kv_pool, self._is_compiled_warm)
             else:
                 logits = paged_forward(self.model, step, self.kv_pool)
             results = self._hooks.take_monitor_results()

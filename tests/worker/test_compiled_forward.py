@@ -66,7 +66,11 @@ def test_the_op_refuses_to_run_outside_a_compiled_step() -> None:
         torch.ops.steerbatch.paged_attention(tensor, tensor, tensor, torch.zeros(1), 0, 1.0)
 
 
-def test_after_the_warm_up_no_kind_of_step_compiles_again(compiled_endless_runner: ModelRunner) -> None:
+def test_after_the_warm_up_no_kind_of_step_compiles_again(
+    compiled_endless_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert compiled_endless_runner._is_compiled_warm  # serving checks only the guards that tell graphs apart...
+    monkeypatch.setattr(compiled_endless_runner, "_is_compiled_warm", False)  # ...so check them all here
     counters = torch._dynamo.utils.counters["stats"]
     graphs_before = counters["unique_graphs"]
     prompt = list(range(5, 25))
