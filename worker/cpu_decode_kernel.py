@@ -28,6 +28,7 @@ SOURCE = Path(__file__).with_name("paged_decode.c")
 # process to flushing denormals to zero when loaded.
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
 COMPILE_TIMEOUT_S = 120
+MAX_GROUP = 64  # query heads per KV head: paged_decode.c's MAX_GROUP, the size of a buffer on its stack
 _POINTER, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
@@ -79,6 +80,8 @@ class CpuDecodeKernel:
         num_kv_heads, num_blocks, block_size, _ = v_cache.shape
         _check_layouts(query, k_cache, v_cache, index=block_tables)
         _check_layouts(index=context_lens)
+        if num_heads // num_kv_heads > MAX_GROUP:
+            raise ValueError(f"the CPU decode kernel takes at most {MAX_GROUP} query heads per KV head")
         output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
         scratch = torch.empty(num_heads // num_kv_heads, max_len, dtype=torch.float32)
         self._attention(

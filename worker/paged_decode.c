@@ -33,9 +33,9 @@ static inline float exp_nonpositive(float x) {
 #define FIXED_BLOCK 16 /* the SDPA path's default block size: a block's scores are one 16-float vector */
 typedef float block_vector __attribute__((vector_size(FIXED_BLOCK * sizeof(float))));
 
-/* The kernel is bound by the latency of its FMA chains, not by arithmetic or memory: a sum kept in one vector waits
- * 4 cycles per step. So every loop below keeps several independent sums, and the query heads of a group (which share
- * their KV head) go through each key and value load together, HEADS at a time. */
+/* In the engine a layer's K/V (megabytes) come from memory, and a sum kept in one vector waits for its previous FMA.
+ * So the query heads of a group, which share their KV head, go through each key and value load together, HEADS at
+ * a time, and every loop below keeps several independent sums. */
 
 /* scores[h][i] = scale * queries[h] . key i of a block stored [D][16], for HEADS heads of a group (queries
  * head_dim apart, scores max_len apart) and the block's first n tokens. */

@@ -106,6 +106,8 @@ def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> Non
         kernel.attention(torch.zeros(1, 2, 8, dtype=torch.float64), k_cache, v_cache, tables, lens, 1, 1.0)
     with pytest.raises(ValueError, match="int64"):
         kernel.attention(torch.zeros(1, 2, 8), k_cache, v_cache, tables.int(), lens, 1, 1.0)
+    with pytest.raises(ValueError, match="query heads per KV head"):
+        kernel.attention(torch.zeros(1, 65, 8), k_cache, v_cache, tables, lens, 1, 1.0)
     with pytest.raises(ValueError, match="float32"):
         kernel.write_keys(k_cache, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 8, dtype=torch.float64))
 
