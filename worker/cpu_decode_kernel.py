@@ -47,7 +47,7 @@ class CpuDecodeKernel:
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """[S] int64: `logits.argmax(dim=-1)` of float32 CPU logits [S, V], ties and NaN alike; torch's own runs
-        one value at a time (about 90 us for 32 rows of 2048 against 10)."""
+        one value at a time (measured 58-100 us for 32 rows of 2048, against 15)."""
         logits = logits.contiguous()
         _check_layouts(logits)
         rows, cols = logits.shape
