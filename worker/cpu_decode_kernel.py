@@ -41,6 +41,9 @@ class CpuDecodeKernel:
         self._write_keys = lib.paged_write_keys
         self._write_keys.argtypes = [_POINTER] * 3 + [_INT] * 5
         self._write_keys.restype = None
+        self._decode_step = lib.paged_decode_step
+        self._decode_step.argtypes = [_POINTER, _INT, _INT] * 3 + [_POINTER] * 7 + [_INT] * 8 + [_FLOAT]
+        self._decode_step.restype = None
         self._argmax = lib.greedy_argmax
         self._argmax.argtypes = [_POINTER, _INT, _INT, _POINTER]
         self._argmax.restype = None
@@ -64,6 +67,64 @@ class CpuDecodeKernel:
         _check_layouts(k_cache, keys, index=slots)  # the slots themselves are checked as the step is built
         args = (num_kv_heads, keys.shape[1], head_dim, num_blocks, block_size)
         self._write_keys(k_cache.data_ptr(), slots.data_ptr(), keys.data_ptr(), *args)
+
+    def decode_step(
+        self,
+        query: torch.Tensor,  # [B, H, D] float32, D contiguous: the step's tokens, each a decode row
+        key: torch.Tensor,  # [B, Hkv, D] float32, D contiguous: the rows' new keys
+        value: torch.Tensor,  # [B, Hkv, D] float32, D contiguous
+        k_cache: torch.Tensor,  # [Hkv, num_blocks, D, block_size] float32, contiguous: keys transposed in blocks
+        v_cache: torch.Tensor,  # [Hkv, num_blocks, block_size, D] float32, contiguous
+        slots: torch.Tensor,  # [B] int64: each row's slot for its new K/V, inside the pool (checked as built)
+        block_tables: torch.Tensor,  # [B, W] int64, contiguous: each row's blocks, padded
+        context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, its new one included
+        max_len: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """[B, H, D]: `write_keys`, the values' store and `attention` in one call and one pass per row, for a
+        step whose every token is a decode row. Query, key and value are read through their strides, as the
+        model's projections leave them, without a copy."""
+        batch, num_heads, head_dim = query.shape
+        num_kv_heads, num_blocks, block_size, _ = v_cache.shape
+        _check_layouts(k_cache, v_cache, index=block_tables)
+        _check_layouts(index=context_lens)
+        _check_layouts(index=slots)
+        for tensor in (query, key, value):
+            if tensor.dtype != torch.float32 or tensor.stride(-1) != 1 or tensor.device.type != "cpu":
+                raise ValueError("the CPU decode kernel needs float32 CPU queries, keys and values, D contiguous")
+        group = num_heads // num_kv_heads
+        if group > MAX_GROUP:
+            raise ValueError(f"the CPU decode kernel takes at most {MAX_GROUP} query heads per KV head")
+        output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
+        scratch = torch.empty(group * (max_len + head_dim), dtype=torch.float32)
+        self._decode_step(
+            query.data_ptr(),
+            query.stride(0),
+            query.stride(1),
+            key.data_ptr(),
+            key.stride(0),
+            key.stride(1),
+            value.data_ptr(),
+            value.stride(0),
+            value.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            slots.data_ptr(),
+            block_tables.data_ptr(),
+            context_lens.data_ptr(),
+            output.data_ptr(),
+            scratch.data_ptr(),
+            batch,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            num_blocks,
+            block_size,
+            block_tables.shape[1],
+            max_len,
+            scale,
+        )
+        return output
 
     def attention(
         self,

@@ -50,10 +50,23 @@ def paged_sdpa_attention_at(
 ) -> torch.Tensor:
     """[N, H, D], a new tensor: layer `layer_idx`'s attention for every token of the step, after writing their
     K/V into the pool."""
-    kv_pool.write(layer_idx, paged_step.slot_mapping, key[0], value[0])
     k_cache, v_cache = kv_pool.layer(layer_idx)  # [Hkv, blocks, block_size, D]; keys maybe [Hkv, blocks, D, bs]
     queries = query[0].transpose(0, 1)  # [N, H, D]
     table = paged_step.decode_table
+    if table is not None and table.is_whole_step and kv_pool.decode_kernel is not None:  # most steps: one call
+        return kv_pool.decode_kernel.decode_step(
+            queries,
+            key[0].transpose(0, 1),
+            value[0].transpose(0, 1),
+            k_cache,
+            v_cache,
+            paged_step.slot_mapping,
+            table.block_tables,
+            table.context_lens,
+            table.max_len,
+            scale,
+        )
+    kv_pool.write(layer_idx, paged_step.slot_mapping, key[0], value[0])
     if table is not None and kv_pool.decode_kernel is not None:
         rows = queries.contiguous() if table.is_whole_step else queries.index_select(0, table.token_index)
         attended = kv_pool.decode_kernel.attention(

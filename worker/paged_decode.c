@@ -197,6 +197,21 @@ static float exponentiate(float *weights, int64_t len) {
 
 #define MAX_GROUP 64 /* query heads per KV head; the wrapper refuses more */
 
+/* One row's KV head: the scores of its group's query heads (`queries`, head_dim apart) over the row's first len
+ * tokens, their softmax, and the weighted values into `out` (head_dim apart); scratch holds group * max_len floats. */
+static void attend(const float *queries, const float *k_head, const float *v_head, const int64_t *table, int64_t len,
+                   float *out, float *scratch, int64_t group, int64_t head_dim, int64_t block_size, int64_t max_len,
+                   float scale) {
+    float inverse[MAX_GROUP];
+    for (int64_t start = 0; start < len; start += block_size) {
+        const float *block = k_head + table[start / block_size] * head_dim * block_size; /* [D][bs] */
+        const int64_t n = len - start < block_size ? len - start : block_size;
+        group_block_scores(queries, block, scratch + start, group, head_dim, block_size, max_len, n, scale);
+    }
+    for (int64_t g = 0; g < group; g++) inverse[g] = exponentiate(scratch + g * max_len, len);
+    group_weighted_values(scratch, v_head, table, len, group, head_dim, block_size, max_len, out, inverse);
+}
+
 /* out[b, h] = softmax_t(scale * q[b, h] . K[b, t]) . V[b, t] over t < context_lens[b];
  * scratch holds num_heads / num_kv_heads * max_len floats. */
 void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
@@ -205,22 +220,43 @@ void paged_decode_attention(const float *q, const float *k_cache, const float *v
                             int64_t block_size, int64_t table_width, int64_t max_len, float scale) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t head_stride = num_blocks * block_size * head_dim;
-    float inverse[MAX_GROUP];
-    for (int64_t b = 0; b < batch; b++) {
-        const int64_t len = context_lens[b];
-        const int64_t *table = block_tables + b * table_width;
+    for (int64_t b = 0; b < batch; b++)
         for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
-            const float *k_head = k_cache + kvh * head_stride;
-            const float *v_head = v_cache + kvh * head_stride;
-            const float *queries = q + (b * num_heads + kvh * group) * head_dim; /* the group's heads, adjacent */
-            for (int64_t start = 0; start < len; start += block_size) {
-                const float *block = k_head + table[start / block_size] * head_dim * block_size; /* [D][bs] */
-                const int64_t n = len - start < block_size ? len - start : block_size;
-                group_block_scores(queries, block, scratch + start, group, head_dim, block_size, max_len, n, scale);
-            }
-            for (int64_t g = 0; g < group; g++) inverse[g] = exponentiate(scratch + g * max_len, len);
-            group_weighted_values(scratch, v_head, table, len, group, head_dim, block_size, max_len,
-                                  out + (b * num_heads + kvh * group) * head_dim, inverse);
+            const int64_t first = (b * num_heads + kvh * group) * head_dim; /* the group's heads, adjacent */
+            attend(q + first, k_cache + kvh * head_stride, v_cache + kvh * head_stride, block_tables + b * table_width,
+                   context_lens[b], out + first, scratch, group, head_dim, block_size, max_len, scale);
+        }
+}
+
+/* A step of decode rows only, row b being the step's token b: stores each row's new key (transposed within its
+ * block) and value at slots[b], then attends as paged_decode_attention. One pass per row, so the lines the stores
+ * bring in are the ones its attention reads next, rather than a scatter over every row before any attention.
+ * q [B, H, D], k_new and v_new [B, Hkv, D] are strided views (token stride, head stride; D contiguous), as the
+ * model's projections leave them. scratch holds group * (max_len + head_dim) floats. */
+void paged_decode_step(const float *q, int64_t q_token_stride, int64_t q_head_stride, const float *k_new,
+                       int64_t k_token_stride, int64_t k_head_stride, const float *v_new, int64_t v_token_stride,
+                       int64_t v_head_stride, float *k_cache, float *v_cache, const int64_t *slots,
+                       const int64_t *block_tables, const int64_t *context_lens, float *out, float *scratch,
+                       int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
+                       int64_t block_size, int64_t table_width, int64_t max_len, float scale) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t head_stride = num_blocks * block_size * head_dim;
+    float *queries = scratch + group * max_len; /* the group's queries, copied adjacent */
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t block = slots[b] / block_size, offset = slots[b] % block_size;
+        for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
+            float *k_head = k_cache + kvh * head_stride, *v_head = v_cache + kvh * head_stride;
+            const float *key = k_new + b * k_token_stride + kvh * k_head_stride;
+            float *key_column = k_head + block * head_dim * block_size + offset;
+            for (int64_t d = 0; d < head_dim; d++) key_column[d * block_size] = key[d];
+            memcpy(v_head + (block * block_size + offset) * head_dim, v_new + b * v_token_stride + kvh * v_head_stride,
+                   head_dim * sizeof(float));
+            for (int64_t g = 0; g < group; g++)
+                memcpy(queries + g * head_dim, q + b * q_token_stride + (kvh * group + g) * q_head_stride,
+                       head_dim * sizeof(float));
+            attend(queries, k_head, v_head, block_tables + b * table_width, context_lens[b],
+                   out + (b * num_heads + kvh * group) * head_dim, scratch, group, head_dim, block_size, max_len,
+                   scale);
         }
     }
 }

@@ -78,6 +78,55 @@ def test_kernel_equals_the_gather_path(
     torch.testing.assert_close(attended, gathered_attention(query, k_cache, v_cache, tables, lens))
 
 
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(4, 2, 32, 16), (16, 2, 32, 16), (6, 2, 64, 16), (8, 2, 128, 16), (6, 2, 24, 16), (4, 2, 80, 8)],
+)
+def test_decode_step_equals_the_pool_write_then_attention(
+    kernel: CpuDecodeKernel, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    """The fused call stores each row's new K/V where the pool's write does and attends as `attention` does, reading
+    queries, keys and values through the strides the model's projections leave them with."""
+    torch.manual_seed(num_heads * 100 + head_dim + block_size)
+    shape, num_blocks = KVShape(1, num_kv_heads, head_dim), 64
+    pools = [KVPool(shape, num_blocks, block_size, torch.float32, torch.device("cpu"), True, kernel) for _ in "ab"]
+    pools[0].cache.normal_()
+    pools[1].cache.copy_(pools[0].cache)
+    lens = torch.tensor([1, block_size, block_size + 1, 40, 5])  # each row's length, its new token included
+    width = int(-(-lens.max() // block_size))
+    tables = torch.randperm(num_blocks)[: len(lens) * width].view(len(lens), width)
+    for row, length in enumerate(lens.tolist()):
+        tables[row, -(-length // block_size) :] = 0
+    slots = torch.tensor(
+        [
+            int(tables[row, (n - 1) // block_size]) * block_size + (n - 1) % block_size
+            for row, n in enumerate(lens.tolist())
+        ]
+    )
+    # [1, N, heads, D] transposed to [1, heads, N, D], as HF's attention modules hand them over
+    query, key, value = (
+        torch.randn(1, len(lens), heads, head_dim).transpose(1, 2) for heads in (num_heads, num_kv_heads, num_kv_heads)
+    )
+    scale, max_len = head_dim**-0.5, int(lens.max())
+
+    pools[0].write(0, slots, key[0], value[0])
+    expected = kernel.attention(query[0].transpose(0, 1).contiguous(), *pools[0].layer(0), tables, lens, max_len, scale)
+    fused = kernel.decode_step(
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        *pools[1].layer(0),
+        slots,
+        tables,
+        lens,
+        max_len,
+        scale,
+    )
+
+    assert torch.equal(pools[1].cache, pools[0].cache)
+    assert torch.equal(fused, expected)
+
+
 @pytest.mark.parametrize("shape", [(32, 2048), (1, 1), (3, 15), (4, 16), (5, 17), (7, 45), (2, 50_000)])
 def test_kernel_argmax_equals_torchs(kernel: CpuDecodeKernel, shape: tuple[int, int]) -> None:
     generator = torch.Generator().manual_seed(shape[1])
@@ -108,6 +157,15 @@ def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> Non
         kernel.attention(torch.zeros(1, 2, 8), k_cache, v_cache, tables.int(), lens, 1, 1.0)
     with pytest.raises(ValueError, match="query heads per KV head"):
         kernel.attention(torch.zeros(1, 65, 8), k_cache, v_cache, tables, lens, 1, 1.0)
+    slots, keys = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 8)
+    with pytest.raises(ValueError, match="D contiguous"):
+        kernel.decode_step(
+            torch.zeros(1, 8, 2).transpose(1, 2), keys, keys, k_cache, v_cache, slots, tables, lens, 1, 1.0
+        )
+    with pytest.raises(ValueError, match="int64"):
+        kernel.decode_step(torch.zeros(1, 2, 8), keys, keys, k_cache, v_cache, slots.int(), tables, lens, 1, 1.0)
+    with pytest.raises(ValueError, match="query heads per KV head"):
+        kernel.decode_step(torch.zeros(1, 65, 8), keys, keys, k_cache, v_cache, slots, tables, lens, 1, 1.0)
     with pytest.raises(ValueError, match="float32"):
         kernel.write_keys(k_cache, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 8, dtype=torch.float64))
 
