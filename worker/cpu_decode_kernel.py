@@ -68,63 +68,21 @@ class CpuDecodeKernel:
         args = (num_kv_heads, keys.shape[1], head_dim, num_blocks, block_size)
         self._write_keys(k_cache.data_ptr(), slots.data_ptr(), keys.data_ptr(), *args)
 
-    def decode_step(
+    def bind_decode_step(
         self,
-        query: torch.Tensor,  # [B, H, D] float32, D contiguous: the step's tokens, each a decode row
-        key: torch.Tensor,  # [B, Hkv, D] float32, D contiguous: the rows' new keys
-        value: torch.Tensor,  # [B, Hkv, D] float32, D contiguous
-        k_cache: torch.Tensor,  # [Hkv, num_blocks, D, block_size] float32, contiguous: keys transposed in blocks
-        v_cache: torch.Tensor,  # [Hkv, num_blocks, block_size, D] float32, contiguous
+        layers: list[tuple[torch.Tensor, torch.Tensor]],  # per layer: keys [Hkv, nb, D, bs] transposed in blocks,
+        # values [Hkv, nb, bs, D], float32 and contiguous, as KVPool.layer gives them
         slots: torch.Tensor,  # [B] int64: each row's slot for its new K/V, inside the pool (checked as built)
         block_tables: torch.Tensor,  # [B, W] int64, contiguous: each row's blocks, padded
         context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, its new one included
         max_len: int,
-        scale: float,
-    ) -> torch.Tensor:
-        """[B, H, D]: `write_keys`, the values' store and `attention` in one call and one pass per row, for a
-        step whose every token is a decode row. Query, key and value are read through their strides, as the
-        model's projections leave them, without a copy."""
-        batch, num_heads, head_dim = query.shape
-        num_kv_heads, num_blocks, block_size, _ = v_cache.shape
-        _check_layouts(k_cache, v_cache, index=block_tables)
-        _check_layouts(index=context_lens)
-        _check_layouts(index=slots)
-        for tensor in (query, key, value):
-            if tensor.dtype != torch.float32 or tensor.stride(-1) != 1 or tensor.device.type != "cpu":
-                raise ValueError("the CPU decode kernel needs float32 CPU queries, keys and values, D contiguous")
-        group = num_heads // num_kv_heads
-        if group > MAX_GROUP:
-            raise ValueError(f"the CPU decode kernel takes at most {MAX_GROUP} query heads per KV head")
-        output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
-        scratch = torch.empty(group * (max_len + head_dim), dtype=torch.float32)
-        self._decode_step(
-            query.data_ptr(),
-            query.stride(0),
-            query.stride(1),
-            key.data_ptr(),
-            key.stride(0),
-            key.stride(1),
-            value.data_ptr(),
-            value.stride(0),
-            value.stride(1),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            slots.data_ptr(),
-            block_tables.data_ptr(),
-            context_lens.data_ptr(),
-            output.data_ptr(),
-            scratch.data_ptr(),
-            batch,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            num_blocks,
-            block_size,
-            block_tables.shape[1],
-            max_len,
-            scale,
-        )
-        return output
+    ) -> DecodeStep:
+        """A step whose every token is a decode row, bound once for all of its layers' calls."""
+        for keys, values in layers:
+            _check_layouts(keys, values)
+        for index in (block_tables, context_lens, slots):
+            _check_layouts(index=index)
+        return DecodeStep(self._decode_step, layers, slots, block_tables, context_lens, max_len)
 
     def attention(
         self,
@@ -161,6 +119,81 @@ class CpuDecodeKernel:
             block_size,
             block_tables.shape[1],
             max_len,
+            scale,
+        )
+        return output
+
+
+class DecodeStep:
+    """One step's decode rows bound to the kernel: per layer, one call stores each row's new key (transposed within
+    its block) and value at its slot and attends, one pass per row, so the lines the stores bring in are the ones
+    its attention reads next. What every layer shares (pool addresses, slots, tables, lengths) is read once here:
+    a layer's call costs one ctypes call and its output, not the pool write's three calls and a query copy."""
+
+    def __init__(
+        self,
+        function: ctypes._CFuncPtr,
+        layers: list[tuple[torch.Tensor, torch.Tensor]],
+        slots: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        max_len: int,
+    ) -> None:
+        keys, _ = layers[0]
+        self._function = function
+        self._layer_addresses = [(keys.data_ptr(), values.data_ptr()) for keys, values in layers]
+        self._tensors = (slots, block_tables, context_lens)  # what the addresses below point into, kept alive
+        self._addresses = (slots.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr())
+        self._batch, self._width = block_tables.shape
+        self._num_kv_heads, self._num_blocks, self._head_dim, self._block_size = keys.shape
+        self._max_len = max_len
+        self._scratch: torch.Tensor | None = None
+
+    def __call__(
+        self,
+        layer_idx: int,
+        query: torch.Tensor,  # [1, H, B, D] float32, D contiguous, any other strides: as the model hands it over
+        key: torch.Tensor,  # [1, Hkv, B, D] float32, D contiguous: the rows' new keys
+        value: torch.Tensor,  # [1, Hkv, B, D] float32, D contiguous
+        scale: float,
+    ) -> torch.Tensor:
+        """[B, H, D]: the layer's attention for every row, after storing the rows' K/V in the pool."""
+        _, num_heads, batch, head_dim = query.shape
+        for tensor in (query, key, value):
+            if tensor.dtype != torch.float32 or tensor.stride(-1) != 1 or tensor.device.type != "cpu":
+                raise ValueError("the CPU decode kernel needs float32 CPU queries, keys and values, D contiguous")
+        if batch != self._batch or head_dim != self._head_dim or key.shape[1] != self._num_kv_heads:
+            raise ValueError("the CPU decode kernel got another shape than the step it was bound to")
+        group = num_heads // self._num_kv_heads
+        if group > MAX_GROUP:
+            raise ValueError(f"the CPU decode kernel takes at most {MAX_GROUP} query heads per KV head")
+        if self._scratch is None:
+            self._scratch = torch.empty(group * (self._max_len + head_dim), dtype=torch.float32)
+        output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
+        k_cache, v_cache = self._layer_addresses[layer_idx]
+        self._function(
+            query.data_ptr(),
+            query.stride(2),
+            query.stride(1),
+            key.data_ptr(),
+            key.stride(2),
+            key.stride(1),
+            value.data_ptr(),
+            value.stride(2),
+            value.stride(1),
+            k_cache,
+            v_cache,
+            *self._addresses,
+            output.data_ptr(),
+            self._scratch.data_ptr(),
+            batch,
+            num_heads,
+            self._num_kv_heads,
+            head_dim,
+            self._num_blocks,
+            self._block_size,
+            self._width,
+            self._max_len,
             scale,
         )
         return output

@@ -65,6 +65,7 @@ class KVPool:
         heads, dim = shape.num_kv_heads, shape.head_dim
         per_layer = (heads, num_blocks, block_size, dim) if is_heads_major else (num_blocks, block_size, heads, dim)
         self.cache = torch.zeros(shape.num_layers, 2, *per_layer, dtype=dtype, device=device)
+        self.layers = [self._layer_view(layer_idx) for layer_idx in range(shape.num_layers)]  # made once
 
     @property
     def keys_transposed(self) -> bool:
@@ -73,6 +74,9 @@ class KVPool:
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each in the pool's layout."""
+        return self.layers[layer_idx]
+
+    def _layer_view(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.cache[layer_idx, 0], self.cache[layer_idx, 1]
         if self.keys_transposed:
             keys = keys.view(self.num_kv_heads, self.num_blocks, self.head_dim, self.block_size)

@@ -50,34 +50,18 @@ def paged_sdpa_attention_at(
 ) -> torch.Tensor:
     """[N, H, D], a new tensor: layer `layer_idx`'s attention for every token of the step, after writing their
     K/V into the pool."""
+    table = paged_step.decode_table
+    if table is not None and table.kernel_step is not None:  # most steps: every token a decode row, one call
+        return table.kernel_step(layer_idx, query, key, value, scale)
     k_cache, v_cache = kv_pool.layer(layer_idx)  # [Hkv, blocks, block_size, D]; keys maybe [Hkv, blocks, D, bs]
     queries = query[0].transpose(0, 1)  # [N, H, D]
-    table = paged_step.decode_table
-    if table is not None and table.is_whole_step and kv_pool.decode_kernel is not None:  # most steps: one call
-        return kv_pool.decode_kernel.decode_step(
-            queries,
-            key[0].transpose(0, 1),
-            value[0].transpose(0, 1),
-            k_cache,
-            v_cache,
-            paged_step.slot_mapping,
-            table.block_tables,
-            table.context_lens,
-            table.max_len,
-            scale,
-        )
     kv_pool.write(layer_idx, paged_step.slot_mapping, key[0], value[0])
-    if table is not None and kv_pool.decode_kernel is not None:
-        rows = queries.contiguous() if table.is_whole_step else queries.index_select(0, table.token_index)
-        attended = kv_pool.decode_kernel.attention(
+    output = torch.empty_like(queries)
+    if table is not None and kv_pool.decode_kernel is not None:  # decode rows among prefill chunks
+        rows = queries.index_select(0, table.token_index)
+        output[table.token_index] = kv_pool.decode_kernel.attention(
             rows, k_cache, v_cache, table.block_tables, table.context_lens, table.max_len, scale
         )
-        if table.is_whole_step:
-            return attended
-        output = torch.empty_like(queries)
-        output[table.token_index] = attended
-    else:
-        output = torch.empty_like(queries)
     for decode in paged_step.decode_groups:
         q = queries.index_select(0, decode.token_index)  # [Bd, H, D]
         k = gather_blocks(k_cache, decode.block_ids)  # [Hkv, Bd * W * block_size, D]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from scheduler.batch import Batch, ScheduledChunk
+from worker.cpu_decode_kernel import DecodeStep
 from worker.kv_pool import KVPool
 
 GROUP_GROWTH = 1.5
@@ -35,7 +36,7 @@ class DecodeTable:
     block_tables: torch.Tensor  # [B, W] int64, padded with block 0 past each row's blocks
     context_lens: torch.Tensor  # [B] int64
     max_len: int
-    is_whole_step: bool  # every token of the step is a decode row, in order: no scatter into the step's output
+    kernel_step: DecodeStep | None  # when every token of the step is a decode row: stores each layer's K/V, attends
 
 
 @dataclass(frozen=True)
@@ -94,14 +95,15 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
     if slots and max(slots) >= kv_pool.num_blocks * block_size:
         raise IndexError(f"a KV slot is outside the pool's {kv_pool.num_blocks * block_size}")
 
+    slot_mapping = int64_tensor(slots, device)
     return PagedStep(
         input_ids=int64_tensor(input_ids, device)[None],
         position_ids=int64_tensor(positions, device)[None],
-        slot_mapping=int64_tensor(slots, device),
+        slot_mapping=slot_mapping,
         logits_indices=int64_tensor(logits_indices, device),
         token_rows=int64_tensor(rows, device),
         decode_groups=[] if for_flash or has_kernel else _decode_groups(chunks, kv_pool, device),
-        decode_table=_decode_table(chunks, device) if has_kernel else None,
+        decode_table=_decode_table(chunks, kv_pool, slot_mapping, device) if has_kernel else None,
         prefills=[] if for_flash else _prefill_chunks(chunks, block_size, device),
         flash=_flash_metadata(chunks, device) if for_flash else None,
     )
@@ -161,7 +163,9 @@ def _decode_rows(
     )
 
 
-def _decode_table(chunks: list[ScheduledChunk], device: torch.device) -> DecodeTable | None:
+def _decode_table(
+    chunks: list[ScheduledChunk], kv_pool: KVPool, slot_mapping: torch.Tensor, device: torch.device
+) -> DecodeTable | None:
     token_index, decode_chunks = [], []
     token = 0
     for chunk in chunks:
@@ -172,12 +176,18 @@ def _decode_table(chunks: list[ScheduledChunk], device: torch.device) -> DecodeT
     if not decode_chunks:
         return None
     lens = [chunk.end for chunk in decode_chunks]
+    block_tables, context_lens = _block_tables(decode_chunks), int64_tensor(lens, torch.device("cpu"))
+    kernel_step = None
+    if len(lens) == token and kv_pool.decode_kernel is not None:
+        kernel_step = kv_pool.decode_kernel.bind_decode_step(
+            kv_pool.layers, slot_mapping, block_tables, context_lens, max(lens)
+        )
     return DecodeTable(
         token_index=int64_tensor(token_index, device),
-        block_tables=_block_tables(decode_chunks),
-        context_lens=int64_tensor(lens, torch.device("cpu")),
+        block_tables=block_tables,
+        context_lens=context_lens,
         max_len=max(lens),
-        is_whole_step=len(lens) == token,
+        kernel_step=kernel_step,
     )
 
 

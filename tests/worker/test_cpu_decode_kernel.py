@@ -111,17 +111,8 @@ def test_decode_step_equals_the_pool_write_then_attention(
 
     pools[0].write(0, slots, key[0], value[0])
     expected = kernel.attention(query[0].transpose(0, 1).contiguous(), *pools[0].layer(0), tables, lens, max_len, scale)
-    fused = kernel.decode_step(
-        query[0].transpose(0, 1),
-        key[0].transpose(0, 1),
-        value[0].transpose(0, 1),
-        *pools[1].layer(0),
-        slots,
-        tables,
-        lens,
-        max_len,
-        scale,
-    )
+    bound = kernel.bind_decode_step(pools[1].layers, slots, tables, lens, max_len)
+    fused = bound(0, query, key, value, scale)
 
     assert torch.equal(pools[1].cache, pools[0].cache)
     assert torch.equal(fused, expected)
@@ -157,17 +148,16 @@ def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> Non
         kernel.attention(torch.zeros(1, 2, 8), k_cache, v_cache, tables.int(), lens, 1, 1.0)
     with pytest.raises(ValueError, match="query heads per KV head"):
         kernel.attention(torch.zeros(1, 65, 8), k_cache, v_cache, tables, lens, 1, 1.0)
-    slots, keys = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 8)
-    with pytest.raises(ValueError, match="D contiguous"):
-        kernel.decode_step(
-            torch.zeros(1, 8, 2).transpose(1, 2), keys, keys, k_cache, v_cache, slots, tables, lens, 1, 1.0
-        )
+    slots, keys = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 1, 8)
     with pytest.raises(ValueError, match="int64"):
-        kernel.decode_step(torch.zeros(1, 2, 8), keys, keys, k_cache, v_cache, slots.int(), tables, lens, 1, 1.0)
+        kernel.bind_decode_step([(k_cache, v_cache)], slots.int(), tables, lens, 1)
+    bound = kernel.bind_decode_step([(k_cache, v_cache)], slots, tables, lens, 1)
+    with pytest.raises(ValueError, match="D contiguous"):
+        bound(0, torch.zeros(1, 1, 8, 2).transpose(2, 3), keys, keys, 1.0)
+    with pytest.raises(ValueError, match="another shape"):
+        bound(0, torch.zeros(1, 2, 2, 8), keys, keys, 1.0)
     with pytest.raises(ValueError, match="query heads per KV head"):
-        kernel.decode_step(torch.zeros(1, 65, 8), keys, keys, k_cache, v_cache, slots, tables, lens, 1, 1.0)
-    with pytest.raises(ValueError, match="float32"):
-        kernel.write_keys(k_cache, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 8, dtype=torch.float64))
+        bound(0, torch.zeros(1, 65, 1, 8), keys, keys, 1.0)
 
 
 def test_a_step_the_kernel_would_read_or_write_out_of_bounds_is_refused(kernel: CpuDecodeKernel) -> None:
