@@ -16,6 +16,7 @@ from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
 from worker.compiled_forward import compile_model, compiled_forward, warm_up
 from worker.cpu_decode_kernel import load_cpu_decode_kernel
+from worker.cpu_weight_layout import store_linear_weights_column_major
 from worker.draft_weights import load_draft_weights
 from worker.kv_pool import KVPool, KVShape, num_pool_tokens
 from worker.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_available, register_paged_attention
@@ -91,6 +92,10 @@ class ModelRunner:
                 self.attention_backend,
                 self.max_model_len,
             )
+        if self.device.type == "cpu" and torch.backends.mkl.is_available():  # measured with MKL's GEMMs only
+            for model in (self.model, self.draft_model):
+                if model is not None:
+                    store_linear_weights_column_major(model)
         self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config)
         kernel = self.kv_pool.decode_kernel
         self.argmax: Argmax = kernel.argmax if kernel is not None else torch_argmax  # of the logits run() returns
