@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import attrgetter
 
 
 class RequestStatus(str, Enum):
@@ -85,6 +86,6 @@ class Request:
     def finish_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
 
-    @property
-    def sort_key(self) -> tuple[int, int]:
-        return (self.priority, self.arrival_index)
+
+# The scheduler's order: priority (lower first), then arrival. An attrgetter, as sorting calls it per request.
+SCHEDULING_ORDER = attrgetter("priority", "arrival_index")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.block_manager import BlockManager
-from scheduler.request import Request, RequestStatus
+from scheduler.request import SCHEDULING_ORDER, Request, RequestStatus
 
 
 @dataclass(frozen=True)
@@ -91,18 +91,20 @@ class Scheduler:
         updates = []
         for chunk in batch.chunks:
             request = chunk.request
-            tokens = next(sampled) if chunk.is_sampling else []
-            num_accepted = max(len(tokens) - 1, 0)
-            request.num_computed_tokens = chunk.end - chunk.num_spec_tokens + num_accepted
-            request.spec_token_ids = []
-            if chunk.is_sampling:
-                updates.append(self._append_tokens(request, tokens))  # caches its full blocks before it may finish
-            else:
+            end = chunk.start + chunk.num_tokens
+            if request.spec_token_ids:
+                request.spec_token_ids = []
+            if not chunk.is_sampling:
+                request.num_computed_tokens = end
                 self.block_manager.cache_full_blocks(request)
+                continue
+            tokens = next(sampled)
+            request.num_computed_tokens = end - chunk.num_spec_tokens + max(len(tokens) - 1, 0)
+            updates.append(self._append_tokens(request, tokens))  # caches its full blocks before it may finish
         return updates
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
-        self.running.sort(key=lambda r: r.sort_key)
+        self.running.sort(key=SCHEDULING_ORDER)
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -135,7 +137,7 @@ class Scheduler:
                 if not self._can_preempt_for(request, request.num_computed_tokens + num_tokens):
                     self._release(request)
                     return
-                budget += self._preempt(max(self.running, key=lambda r: r.sort_key), batch)
+                budget += self._preempt(max(self.running, key=SCHEDULING_ORDER), batch)
                 num_tokens = self._chunk_size(request, budget)
             self.waiting.pop(0)
             self.num_prefix_queried_blocks += lookup.num_queried_blocks
@@ -192,7 +194,7 @@ class Scheduler:
 
     def _enqueue_waiting(self, request: Request) -> None:
         self.waiting.append(request)
-        self.waiting.sort(key=lambda r: r.sort_key)
+        self.waiting.sort(key=SCHEDULING_ORDER)
 
     def _append_tokens(self, request: Request, token_ids: list[int]) -> TokenUpdate:
         """Appends in order until the request finishes; tokens after a stop are dropped."""
@@ -211,9 +213,11 @@ class Scheduler:
         return TokenUpdate(request, appended, request.finish_reason)
 
     def _finished_status(self, request: Request, token_id: int) -> RequestStatus | None:
-        if token_id in request.stop_token_ids and request.num_output_tokens > request.min_tokens:
+        num_outputs = len(request.output_token_ids)
+        if token_id in request.stop_token_ids and num_outputs > request.min_tokens:
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
+        num_tokens = len(request.prompt_token_ids) + num_outputs
+        if num_outputs >= request.max_tokens or num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -238,6 +238,7 @@ class ContinuousEngine:
 
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
         request_id = update.request.request_id
+        sequence = self._sequences[request_id]
         finish_reason = FinishReason(update.finish_reason) if update.finish_reason else None
         output = EngineOutput(
             request_id,
@@ -245,11 +246,11 @@ class ContinuousEngine:
             finish_reason,
             logprobs=(logprob,) if logprob else (),
             num_cached_tokens=max(update.request.num_cached_tokens, 0),
-            num_proposed_tokens=self._sequences[request_id].num_proposed_tokens,
-            num_accepted_tokens=self._sequences[request_id].num_accepted_tokens,
+            num_proposed_tokens=sequence.num_proposed_tokens,
+            num_accepted_tokens=sequence.num_accepted_tokens,
         )
         if finish_reason is None:
-            self._deliver(self._sequences[request_id], output)
+            self._deliver(sequence, output)
         else:
             self._finish(request_id, output)
 

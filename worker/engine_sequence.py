@@ -44,6 +44,8 @@ class EngineSequence:
 
     def with_reports(self, output: EngineOutput) -> EngineOutput:
         """`output` carrying the applied steering (the first time) and the positions monitored since the last one."""
+        if not self.monitored and (self.sae is None or self.is_steering_reported):  # most outputs: nothing to add
+            return output
         steering = None
         if self.sae is not None and not self.is_steering_reported:
             steering, self.is_steering_reported = self.sae.applied, True

@@ -74,10 +74,15 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
     chunks, block_size = batch.chunks, kv_pool.block_size
     has_kernel = kv_pool.decode_kernel is not None  # never on a flash pool: its layout is not heads-major
     input_ids, positions, slots, rows, logits_indices = [], [], [], [], []
+    decode_rows: list[int] = []  # the chunks that are decode rows, and where their token lies in the step
+    decode_token_index: list[int] = []
     for row, chunk in enumerate(chunks):
         request, start, num_tokens = chunk.request, chunk.start, chunk.num_tokens
         table = request.block_table  # too short for the chunk: IndexError here, before the kernel could write past it
         if num_tokens == 1:  # most rows of most steps: no ranges, no token list copies
+            if start > 0:
+                decode_rows.append(row)
+                decode_token_index.append(len(input_ids))
             input_ids.append(request.token_at(start))
             positions.append(start)
             slots.append(table[start // block_size] * block_size + start % block_size)
@@ -96,6 +101,11 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
         raise IndexError(f"a KV slot is outside the pool's {kv_pool.num_blocks * block_size}")
 
     slot_mapping = int64_tensor(slots, device)
+    decode_table = None
+    if has_kernel and decode_rows:
+        decode_chunks = [chunks[row] for row in decode_rows]
+        decode_table = _decode_table(decode_chunks, decode_token_index, len(input_ids), kv_pool, slot_mapping, device)
+    has_prefill = len(decode_rows) < len(chunks)
     return PagedStep(
         input_ids=int64_tensor(input_ids, device)[None],
         position_ids=int64_tensor(positions, device)[None],
@@ -103,8 +113,8 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
         logits_indices=int64_tensor(logits_indices, device),
         token_rows=int64_tensor(rows, device),
         decode_groups=[] if for_flash or has_kernel else _decode_groups(chunks, kv_pool, device),
-        decode_table=_decode_table(chunks, kv_pool, slot_mapping, device) if has_kernel else None,
-        prefills=[] if for_flash else _prefill_chunks(chunks, block_size, device),
+        decode_table=decode_table,
+        prefills=_prefill_chunks(chunks, block_size, device) if has_prefill and not for_flash else [],
         flash=_flash_metadata(chunks, device) if for_flash else None,
     )
 
@@ -114,17 +124,19 @@ def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     these, and torch.tensor converts a list 3x slower."""
     if not values:
         return torch.empty(0, dtype=torch.int64, device=device)
-    return torch.frombuffer(array("q", values), dtype=torch.int64).to(device, non_blocking=True)
+    tensor = torch.frombuffer(array("q", values), dtype=torch.int64)
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
 
 
 def _block_tables(chunks: list[ScheduledChunk]) -> torch.Tensor:
     """[R, max_blocks] int64 on the CPU, padded with block 0 (masked out wherever it pads)."""
-    width = max(len(chunk.request.block_table) for chunk in chunks)
+    tables = [chunk.request.block_table for chunk in chunks]
+    width = max(map(len, tables))
     flat: list[int] = []
-    for chunk in chunks:
-        table = chunk.request.block_table
-        flat.extend(table)
-        flat.extend([0] * (width - len(table)))
+    for table in tables:
+        flat += table
+        if len(table) < width:
+            flat += [0] * (width - len(table))
     return int64_tensor(flat, torch.device("cpu")).view(len(chunks), width)
 
 
@@ -164,21 +176,18 @@ def _decode_rows(
 
 
 def _decode_table(
-    chunks: list[ScheduledChunk], kv_pool: KVPool, slot_mapping: torch.Tensor, device: torch.device
-) -> DecodeTable | None:
-    token_index, decode_chunks = [], []
-    token = 0
-    for chunk in chunks:
-        if chunk.is_decode:
-            token_index.append(token)
-            decode_chunks.append(chunk)
-        token += chunk.num_tokens
-    if not decode_chunks:
-        return None
-    lens = [chunk.end for chunk in decode_chunks]
-    block_tables, context_lens = _block_tables(decode_chunks), int64_tensor(lens, torch.device("cpu"))
+    chunks: list[ScheduledChunk],
+    token_index: list[int],
+    num_step_tokens: int,
+    kv_pool: KVPool,
+    slot_mapping: torch.Tensor,
+    device: torch.device,
+) -> DecodeTable:
+    """The decode rows `chunks`, whose tokens lie at `token_index` of the step's `num_step_tokens`."""
+    lens = [chunk.start + 1 for chunk in chunks]
+    block_tables, context_lens = _block_tables(chunks), int64_tensor(lens, torch.device("cpu"))
     kernel_step = None
-    if len(lens) == token and kv_pool.decode_kernel is not None:
+    if len(lens) == num_step_tokens and kv_pool.decode_kernel is not None:  # every token a decode row, in order
         kernel_step = kv_pool.decode_kernel.bind_decode_step(
             kv_pool.layers, slot_mapping, block_tables, context_lens, max(lens)
         )
