@@ -69,28 +69,26 @@ def _(
     return query.new_empty(query.shape[2], query.shape[1], query.shape[3])
 
 
-def compiled_forward(
-    compiled: torch.nn.Module, step: PagedStep, kv_pool: KVPool, is_warm: bool = False
-) -> torch.Tensor:
+CompiledLogits = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def compiled_forward(compiled: CompiledLogits, step: PagedStep, kv_pool: KVPool, is_warm: bool = False) -> torch.Tensor:
     """The logits [S, V] (float) at the step's logits indices, through the compiled model. Once `is_warm` (every
     shape class compiled: `warm_up`), Dynamo checks only the guards that tell those graphs apart."""
     with current_step(step, kv_pool), torch.compiler.set_stance(skip_guard_eval_unsafe=is_warm):
-        output = compiled(
-            input_ids=step.input_ids,
-            position_ids=step.position_ids,
-            use_cache=False,
-            logits_to_keep=step.logits_indices,
-            kv_cache=kv_pool.cache,
-        )
-    return output.logits[0].float()
+        logits = compiled(step.input_ids, step.position_ids, step.logits_indices, kv_pool.cache)
+    return logits[0].float()
 
 
 # The architecture compiled in this process (see compile_model); the guards cannot tell two apart.
 _compiled_architecture: str | None = None
 
 
-def compile_model(model: PreTrainedModel) -> torch.nn.Module:
-    """The model under torch.compile with dynamic shapes; the compiling itself happens at the first calls.
+def compile_model(model: PreTrainedModel) -> CompiledLogits:
+    """The model's logits under torch.compile with dynamic shapes; the compiling itself happens at the first calls.
+
+    What is compiled is a function that returns only the logits tensor, not the model's output object: Dynamo then
+    rebuilds no output object in Python after every step (3.56 -> 3.46 ms a 32-row step, alternating in one process).
 
     The weights and modules never change after loading (steered steps run eager, their hooks removed before the next
     compiled step), so the guards skip every module attribute, which saved 0.2 ms a step (checking them took 0.4 ms).
@@ -106,7 +104,20 @@ def compile_model(model: PreTrainedModel) -> torch.nn.Module:
         "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
         "cpp_wrapper": True,  # the generated graph calls its kernels from C++, not from a Python function
     }
-    return torch.compile(model, dynamic=True, options=options)
+
+    def forward_logits(
+        input_ids: torch.Tensor, position_ids: torch.Tensor, logits_indices: torch.Tensor, kv_cache: torch.Tensor
+    ) -> torch.Tensor:
+        output = model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=logits_indices,
+            kv_cache=kv_cache,
+        )
+        return output.logits  # [1, S, V]
+
+    return torch.compile(forward_logits, dynamic=True, options=options)
 
 
 def warm_up(run: Callable[[Batch], object], kv_pool: KVPool) -> None:

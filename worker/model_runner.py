@@ -14,7 +14,7 @@ from scheduler.batch import Batch
 from steering.batch_hooks import BatchHooks
 from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
-from worker.compiled_forward import compile_model, compiled_forward, warm_up
+from worker.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
 from worker.cpu_decode_kernel import load_cpu_decode_kernel
 from worker.cpu_weight_layout import store_linear_weights_column_major
 from worker.draft_weights import load_draft_weights
@@ -101,7 +101,7 @@ class ModelRunner:
         self.argmax: Argmax = kernel.argmax if kernel is not None else torch_argmax  # of the logits run() returns
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
         self._hooks = BatchHooks(self.model)
-        self._compiled: torch.nn.Module | None = None
+        self._compiled: CompiledLogits | None = None
         self._is_compiled_warm = False
         if config.torch_compile and self.device.type == "cpu":  # measured on CPU only; CUDA would want CUDA graphs
             self._compiled = compile_model(self.model)
