@@ -133,6 +133,13 @@ def is_cancel_requested(client: redis.Redis, config: Config, request_id: str) ->
     return bool(client.exists(RedisKeys(config.redis_prefix).cancel_flag(request_id)))
 
 
+def read_cancel_flags(client: redis.Redis, config: Config, request_ids: list[str]) -> set[str]:
+    """The requests of `request_ids` whose client asked to cancel, in one round trip."""
+    keys = RedisKeys(config.redis_prefix)
+    values = client.mget([keys.cancel_flag(request_id) for request_id in request_ids])
+    return {request_id for request_id, value in zip(request_ids, values, strict=True) if value}
+
+
 def renew_worker_lease(client: redis.Redis, config: Config, worker: str) -> None:
     client.set(RedisKeys(config.redis_prefix).worker_lease(worker), "1", px=int(config.worker_lease_s * 1000))
 

@@ -71,6 +71,7 @@ def stop_engine(**_: object) -> None:
     for bulk in _bulk:
         bulk.stop()
     for runtime in _runtime:
+        runtime.handler.close()
         runtime.engine.stop()
         runtime.lease.stop()
         runtime.steering.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,13 +15,14 @@ from tasks.steering_messages import SteeringSpec
 from tasks.steering_store import read_profile
 from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
+from worker.cancel_watcher import CancelWatcher
 from worker.choice import Choice, ChoiceDelta, start_choice
 from worker.engine import EngineOutput
 from worker.steering_report import PROFILE, REQUEST, SteeringReport
 from worker.task_runner import TaskRunner
 
 logger = logging.getLogger(__name__)
-CANCEL_POLL_S = 0.05
+ENGINE_CHECK_S = 0.5  # with no output for this long, a request's thread checks that the engine still runs
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,14 @@ class Outcome:
 
 
 class GenerationHandler(TaskRunner):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancels = CancelWatcher(self.redis, self.config)
+        self.cancels.start()
+
+    def close(self) -> None:
+        self.cancels.stop()
+
     def handle(self, request: GenerateRequest) -> None:
         if not self._claim(request):
             return
@@ -81,10 +89,11 @@ class GenerationHandler(TaskRunner):
             for index in range(request.n):  # started one by one, so a failed submit still cancels those before it
                 choices.append(start_choice(self.engine, self.tokenizer, request, index, outputs.put, steering))
             report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
+            self.cancels.watch(request.request_id, lambda: self._cancel(choices))
             outcome = self._follow(request, choices, outputs, report)
         finally:
-            for choice in choices:
-                self.engine.cancel(choice.engine_request_id)  # a no-op once the engine has finished it
+            self.cancels.forget(request.request_id)
+            self._cancel(choices)  # a no-op for choices the engine has finished
         return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
 
     def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, str]:
@@ -93,6 +102,10 @@ class GenerationHandler(TaskRunner):
             return request.steering, REQUEST
         return read_profile(self.redis, self.config), PROFILE
 
+    def _cancel(self, choices: list[Choice]) -> None:
+        for choice in choices:
+            self.engine.cancel(choice.engine_request_id)
+
     def _follow(
         self,
         request: GenerateRequest,
@@ -100,18 +113,14 @@ class GenerationHandler(TaskRunner):
         outputs: queue.Queue[EngineOutput],
         report: SteeringReport,
     ) -> Outcome:
+        """Streams the choices' outputs until all are done; a cancel flag reaches the engine through the watcher,
+        whose abort outputs end the choices here."""
         by_engine_id = {choice.engine_request_id: choice for choice in choices}
-        next_cancel_check = 0.0
         while not all(choice.is_done for choice in choices):
-            if time.monotonic() >= next_cancel_check:
-                next_cancel_check = time.monotonic() + CANCEL_POLL_S
-                if not self.engine.is_alive():
-                    return _outcome(choices, ErrorInfo("The engine stopped.", "server_error"))
-                if is_cancel_requested(self.redis, self.config, request.request_id):
-                    for choice in choices:
-                        self.engine.cancel(choice.engine_request_id)
+            if not self.engine.is_alive():
+                return _outcome(choices, ErrorInfo("The engine stopped.", "server_error"))
             try:
-                output = outputs.get(timeout=CANCEL_POLL_S)
+                output = outputs.get(timeout=ENGINE_CHECK_S)
             except queue.Empty:
                 continue
             choice = by_engine_id[output.request_id]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ def handler(
     engine = ContinuousEngine(ModelRunner(config), config)
     engine.start()
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield GenerationHandler(
+    handler = GenerationHandler(
         config=config,
         engine=engine,
         tokenizer=PreTrainedTokenizerFast.from_pretrained(tiny_model_dir),
@@ -43,6 +44,8 @@ def handler(
         sessions=make_session_factory(make_db_engine(database_url)),
         worker="test-worker",
     )
+    yield handler
+    handler.close()
     engine.stop()
     for key in client.scan_iter(f"{config.redis_prefix}*"):
         client.delete(key)
@@ -118,6 +121,30 @@ def test_cancel_before_start_aborts_without_running(handler: GenerationHandler) 
     events = stream_events(handler, request.request_id)
     assert [e.type for e in events] == [EventType.FINAL] and events[0].finish_reason == FinishReason.ABORT
     assert stored(handler, request.request_id).status == "cancelled"
+
+
+def test_cancel_while_streaming_reaches_the_engine_through_the_watcher(handler: GenerationHandler) -> None:
+    request = accept(handler, "the horse", ignore_eos=True, max_tokens=2000)
+    stream = RedisKeys(handler.config.redis_prefix).request_stream(request.request_id)
+
+    def cancel_after_the_first_delta() -> None:
+        deadline = time.monotonic() + 30
+        while handler.redis.xlen(stream) < 2 and time.monotonic() < deadline:  # START, then a DELTA
+            time.sleep(0.01)
+        request_cancel(handler.redis, handler.config, request.request_id)
+
+    canceller = threading.Thread(target=cancel_after_the_first_delta)
+    canceller.start()
+    started = time.monotonic()
+    handler.handle(request)
+    canceller.join()
+
+    events = stream_events(handler, request.request_id)
+    assert events[-1].type == EventType.FINAL and events[-1].finish_reason == FinishReason.ABORT
+    assert 0 < sum(len(e.token_ids) for e in events) < 2000
+    assert time.monotonic() - started < 30
+    assert stored(handler, request.request_id).status == "cancelled"
+    assert not handler.cancels._on_cancel  # forgotten once finished
 
 
 def test_stop_string_ends_the_request_and_stays_out_of_the_text(handler: GenerationHandler) -> None:
