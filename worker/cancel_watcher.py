@@ -25,6 +25,7 @@ class CancelWatcher:
         self._config = config
         self._lock = threading.Lock()
         self._on_cancel: dict[str, Callable[[], None]] = {}  # by request id
+        self._is_failing = False  # Redis failed the last pass: warned once, not 20 times a second
         self._thread = PeriodicThread("cancel-watcher", interval_s, self._watch_once)
 
     def start(self) -> None:
@@ -50,8 +51,13 @@ class CancelWatcher:
         try:
             cancelled = read_cancel_flags(self._client, self._config, watched)
         except redis.RedisError as exc:  # the next pass tries again
-            logger.warning("could not read the cancel flags of %d requests: %s", len(watched), exc)
+            if not self._is_failing:
+                logger.warning("could not read the cancel flags of %d requests (retrying): %s", len(watched), exc)
+            self._is_failing = True
             return
+        if self._is_failing:
+            logger.info("reading cancel flags again")
+            self._is_failing = False
         for request_id in cancelled:
             with self._lock:
                 on_cancel = self._on_cancel.pop(request_id, None)

@@ -142,7 +142,7 @@ class DecodeStep:
         keys, _ = layers[0]
         self._function = function
         self._layer_addresses = [(keys.data_ptr(), values.data_ptr()) for keys, values in layers]
-        self._tensors = (slots, block_tables, context_lens)  # what the addresses below point into, kept alive
+        self._tensors = (layers, slots, block_tables, context_lens)  # what the addresses point into, kept alive
         self._addresses = (slots.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr())
         self._batch, self._width = block_tables.shape
         self._num_kv_heads, self._num_blocks, self._head_dim, self._block_size = keys.shape
@@ -158,17 +158,22 @@ class DecodeStep:
         scale: float,
     ) -> torch.Tensor:
         """[B, H, D]: the layer's attention for every row, after storing the rows' K/V in the pool."""
-        _, num_heads, batch, head_dim = query.shape
         for tensor in (query, key, value):
             if tensor.dtype != torch.float32 or tensor.stride(-1) != 1 or tensor.device.type != "cpu":
                 raise ValueError("the CPU decode kernel needs float32 CPU queries, keys and values, D contiguous")
-        if batch != self._batch or head_dim != self._head_dim or key.shape[1] != self._num_kv_heads:
+        # The C code reads and writes through these sizes unchecked: anything else would touch memory it does not own.
+        num_heads, batch, head_dim = query.shape[1], self._batch, self._head_dim
+        kv_shape = (1, self._num_kv_heads, batch, head_dim)
+        if query.shape != (1, num_heads, batch, head_dim) or key.shape != kv_shape or value.shape != kv_shape:
             raise ValueError("the CPU decode kernel got another shape than the step it was bound to")
-        group = num_heads // self._num_kv_heads
-        if group > MAX_GROUP:
-            raise ValueError(f"the CPU decode kernel takes at most {MAX_GROUP} query heads per KV head")
-        if self._scratch is None:
-            self._scratch = torch.empty(group * (self._max_len + head_dim), dtype=torch.float32)
+        group, remainder = divmod(num_heads, self._num_kv_heads)
+        if remainder or group > MAX_GROUP:
+            raise ValueError(
+                f"the CPU decode kernel takes a whole number of query heads per KV head, at most {MAX_GROUP}"
+            )
+        scratch_size = group * (self._max_len + head_dim)
+        if self._scratch is None or self._scratch.numel() < scratch_size:
+            self._scratch = torch.empty(scratch_size, dtype=torch.float32)
         output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
         k_cache, v_cache = self._layer_addresses[layer_idx]
         self._function(

@@ -16,13 +16,14 @@ def store_linear_weights_column_major(model: torch.nn.Module) -> int:
     """Re-lays every float32 linear weight of `model` column-major; returns how many. A weight an embedding shares
     (tied input and output embeddings) keeps its layout: the embedding gathers its rows."""
     embedded = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
-    count = 0
+    relaid: dict[int, torch.nn.Parameter] = {}  # by the old weight's id: linears sharing a weight keep sharing it
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if not isinstance(module, torch.nn.Linear) or weight is None or weight.dtype != torch.float32:
             continue
         if id(weight) in embedded or weight.stride(0) == 1:
             continue
-        module.weight = torch.nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
-        count += 1
-    return count
+        if id(weight) not in relaid:
+            relaid[id(weight)] = torch.nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
+        module.weight = relaid[id(weight)]
+    return len(relaid)

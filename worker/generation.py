@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from worker.steering_report import PROFILE, REQUEST, SteeringReport
 from worker.task_runner import TaskRunner
 
 logger = logging.getLogger(__name__)
-ENGINE_CHECK_S = 0.5  # with no output for this long, a request's thread checks that the engine still runs
+ENGINE_CHECK_S = 0.05  # how often a request's thread checks that the engine still runs
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,12 @@ class GenerationHandler(TaskRunner):
         """Streams the choices' outputs until all are done; a cancel flag reaches the engine through the watcher,
         whose abort outputs end the choices here."""
         by_engine_id = {choice.engine_request_id: choice for choice in choices}
+        next_engine_check = 0.0
         while not all(choice.is_done for choice in choices):
-            if not self.engine.is_alive():
-                return _outcome(choices, ErrorInfo("The engine stopped.", "server_error"))
+            if time.monotonic() >= next_engine_check:
+                next_engine_check = time.monotonic() + ENGINE_CHECK_S
+                if not self.engine.is_alive():
+                    return _outcome(choices, ErrorInfo("The engine stopped.", "server_error"))
             try:
                 output = outputs.get(timeout=ENGINE_CHECK_S)
             except queue.Empty:

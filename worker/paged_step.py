@@ -186,6 +186,8 @@ def _decode_table(
     """The decode rows `chunks`, whose tokens lie at `token_index` of the step's `num_step_tokens`."""
     lens = [chunk.start + 1 for chunk in chunks]
     block_tables, context_lens = _block_tables(chunks), int64_tensor(lens, torch.device("cpu"))
+    if int(block_tables.max()) >= kv_pool.num_blocks:  # the kernel reads every listed block without checking
+        raise IndexError(f"a block table lists a block outside the pool's {kv_pool.num_blocks}")
     kernel_step = None
     if len(lens) == num_step_tokens and kv_pool.decode_kernel is not None:  # every token a decode row, in order
         kernel_step = kv_pool.decode_kernel.bind_decode_step(

@@ -148,6 +148,8 @@ def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> Non
         kernel.attention(torch.zeros(1, 2, 8), k_cache, v_cache, tables.int(), lens, 1, 1.0)
     with pytest.raises(ValueError, match="query heads per KV head"):
         kernel.attention(torch.zeros(1, 65, 8), k_cache, v_cache, tables, lens, 1, 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        kernel.write_keys(k_cache, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 8, dtype=torch.float64))
     slots, keys = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 1, 8)
     with pytest.raises(ValueError, match="int64"):
         kernel.bind_decode_step([(k_cache, v_cache)], slots.int(), tables, lens, 1)
@@ -156,8 +158,14 @@ def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> Non
         bound(0, torch.zeros(1, 1, 8, 2).transpose(2, 3), keys, keys, 1.0)
     with pytest.raises(ValueError, match="another shape"):
         bound(0, torch.zeros(1, 2, 2, 8), keys, keys, 1.0)
+    with pytest.raises(ValueError, match="another shape"):  # values of another head dim than the keys
+        bound(0, torch.zeros(1, 2, 1, 8), keys, torch.zeros(1, 1, 1, 4), 1.0)
     with pytest.raises(ValueError, match="query heads per KV head"):
         bound(0, torch.zeros(1, 65, 1, 8), keys, keys, 1.0)
+    two_kv_heads = [(torch.zeros(2, 4, 8, 16), torch.zeros(2, 4, 16, 8))]
+    bound_two_heads = kernel.bind_decode_step(two_kv_heads, slots, tables, lens, 1)
+    with pytest.raises(ValueError, match="query heads per KV head"):  # 3 query heads over 2 KV heads
+        bound_two_heads(0, torch.zeros(1, 3, 1, 8), torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), 1.0)
 
 
 def test_a_step_the_kernel_would_read_or_write_out_of_bounds_is_refused(kernel: CpuDecodeKernel) -> None:
@@ -171,6 +179,8 @@ def test_a_step_the_kernel_would_read_or_write_out_of_bounds_is_refused(kernel: 
         build_paged_step(decode_step([0]), pool, torch.device("cpu"), for_flash=False)
     with pytest.raises(IndexError, match="outside the pool"):  # block 7 of a pool of 4
         build_paged_step(decode_step([0, 7]), pool, torch.device("cpu"), for_flash=False)
+    with pytest.raises(IndexError, match="block table lists a block outside"):  # an earlier block past the pool
+        build_paged_step(decode_step([9, 3]), pool, torch.device("cpu"), for_flash=False)
     assert build_paged_step(decode_step([0, 3]), pool, torch.device("cpu"), for_flash=False).decode_table is not None
 
 

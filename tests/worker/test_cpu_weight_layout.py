@@ -19,6 +19,9 @@ class TiedModel(nn.Module):
         self.tied_head = nn.Linear(16, 50, bias=False)
         self.tied_head.weight = self.embed.weight
         self.float16_layer = nn.Linear(16, 8).to(torch.float16)
+        self.shared = nn.Linear(24, 24, bias=False)
+        self.shared_again = nn.Linear(24, 24, bias=False)
+        self.shared_again.weight = self.shared.weight
 
 
 def test_linear_weights_keep_their_values_and_outputs_in_column_major_storage() -> None:
@@ -28,9 +31,10 @@ def test_linear_weights_keep_their_values_and_outputs_in_column_major_storage() 
     inputs = torch.randn(32, 16)
     expected = model.head(model.hidden(inputs))
 
-    assert store_linear_weights_column_major(model) == 2
+    assert store_linear_weights_column_major(model) == 3
 
-    for module in (model.hidden, model.head):
+    assert model.shared_again.weight is model.shared.weight  # still one weight
+    for module in (model.hidden, model.head, model.shared):
         assert module.weight.stride() == (1, module.weight.shape[0])  # [out, in], column-major
         assert not module.weight.requires_grad
     assert model.tied_head.weight is model.embed.weight and model.embed.weight.is_contiguous()
