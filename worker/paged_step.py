@@ -74,14 +74,14 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
     chunks, block_size = batch.chunks, kv_pool.block_size
     has_kernel = kv_pool.decode_kernel is not None  # never on a flash pool: its layout is not heads-major
     input_ids, positions, slots, rows, logits_indices = [], [], [], [], []
-    decode_rows: list[int] = []  # the chunks that are decode rows, and where their token lies in the step
+    decode_chunks: list[ScheduledChunk] = []  # the decode rows, and where their tokens lie in the step
     decode_token_index: list[int] = []
     for row, chunk in enumerate(chunks):
         request, start, num_tokens = chunk.request, chunk.start, chunk.num_tokens
         table = request.block_table  # too short for the chunk: IndexError here, before the kernel could write past it
         if num_tokens == 1:  # most rows of most steps: no ranges, no token list copies
             if start > 0:
-                decode_rows.append(row)
+                decode_chunks.append(chunk)
                 decode_token_index.append(len(input_ids))
             input_ids.append(request.token_at(start))
             positions.append(start)
@@ -102,10 +102,9 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
 
     slot_mapping = int64_tensor(slots, device)
     decode_table = None
-    if has_kernel and decode_rows:
-        decode_chunks = [chunks[row] for row in decode_rows]
+    if has_kernel and decode_chunks:
         decode_table = _decode_table(decode_chunks, decode_token_index, len(input_ids), kv_pool, slot_mapping, device)
-    has_prefill = len(decode_rows) < len(chunks)
+    has_prefill = len(decode_chunks) < len(chunks)
     return PagedStep(
         input_ids=int64_tensor(input_ids, device)[None],
         position_ids=int64_tensor(positions, device)[None],
