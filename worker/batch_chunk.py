@@ -101,12 +101,12 @@ class ChunkRunner(TaskRunner):
             logger.info("chunk %s has nothing left to run; skipping the redelivery", task.chunk_id)
             return
         chunk = _Chunk(task, owner, {})
-        self._stops.watch(task.batch_id, chunk.inbox)
+        self._stops.watch(task.batch_id, chunk.inbox.stop)
         try:
             self._submit_all(chunk, lines)
             self._follow(chunk)
         finally:
-            self._stops.forget(task.batch_id, chunk.inbox)
+            self._stops.forget(task.batch_id, chunk.inbox.stop)
             for request_id in chunk.runs:
                 self.engine.cancel(request_id)
         self._after_chunk(task.batch_id)

@@ -86,14 +86,18 @@ class GenerationHandler(TaskRunner):
         outputs: queue.Queue[EngineOutput] = queue.Queue()
         steering, source = self._steering_for(request)
         choices: list[Choice] = []
+
+        def on_cancel(_: bool) -> None:
+            self._cancel(choices)
+
         try:
             for index in range(request.n):  # started one by one, so a failed submit still cancels those before it
                 choices.append(start_choice(self.engine, self.tokenizer, request, index, outputs.put, steering))
             report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
-            self.cancels.watch(request.request_id, lambda: self._cancel(choices))
+            self.cancels.watch(request.request_id, on_cancel)
             outcome = self._follow(request, choices, outputs, report)
         finally:
-            self.cancels.forget(request.request_id)
+            self.cancels.forget(request.request_id, on_cancel)
             self._cancel(choices)  # a no-op for choices the engine has finished
         return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
 

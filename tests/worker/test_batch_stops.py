@@ -19,8 +19,8 @@ def test_the_chunks_of_a_stopping_batch_are_told_and_no_others(redis_url: str) -
     watcher = StopWatcher(client, config, interval_s=0.01)
     cancelled, expired, running, forgotten = ChunkInbox(), ChunkInbox(), ChunkInbox(), ChunkInbox()
     for batch_id, inbox in (("b1", cancelled), ("b2", expired), ("b3", running), ("b1", forgotten)):
-        watcher.watch(batch_id, inbox)
-    watcher.forget("b1", forgotten)
+        watcher.watch(batch_id, inbox.stop)
+    watcher.forget("b1", forgotten.stop)
     watcher.start()
     try:
         set_stop_flag(client, config, "b1", LineStatus.CANCELLED)

@@ -19,13 +19,15 @@ def test_flagged_requests_are_cancelled_once_and_no_others(redis_url: str) -> No
     calls: dict[str, int] = {"left": 0, "running": 0, "forgotten": 0}
     cancelled = threading.Event()
 
+    callbacks = {request_id: lambda _, request_id=request_id: on_cancel(request_id) for request_id in calls}
+
     def on_cancel(request_id: str) -> None:
         calls[request_id] += 1
         cancelled.set()
 
-    for request_id in calls:
-        watcher.watch(request_id, lambda request_id=request_id: on_cancel(request_id))
-    watcher.forget("forgotten")
+    for request_id, callback in callbacks.items():
+        watcher.watch(request_id, callback)
+    watcher.forget("forgotten", callbacks["forgotten"])
     watcher.start()
     try:
         request_cancel(client, config, "left")

@@ -144,7 +144,7 @@ def test_cancel_while_streaming_reaches_the_engine_through_the_watcher(handler: 
     assert 0 < sum(len(e.token_ids) for e in events) < 2000
     assert time.monotonic() - started < 30
     assert stored(handler, request.request_id).status == "cancelled"
-    assert not handler.cancels._on_cancel  # forgotten once finished
+    assert not handler.cancels._callbacks  # forgotten once finished
 
 
 def test_stop_string_ends_the_request_and_stays_out_of_the_text(handler: GenerationHandler) -> None:
