@@ -99,10 +99,8 @@ class CpuDecodeKernel:
         num_kv_heads, num_blocks, block_size, _ = v_cache.shape
         _check_layouts(query, k_cache, v_cache, index=block_tables)
         _check_layouts(index=context_lens)
-        if num_heads // num_kv_heads > MAX_GROUP:
-            raise ValueError(f"the CPU decode kernel takes at most {MAX_GROUP} query heads per KV head")
         output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
-        scratch = torch.empty(num_heads // num_kv_heads, max_len, dtype=torch.float32)
+        scratch = torch.empty(_group_size(num_heads, num_kv_heads), max_len, dtype=torch.float32)
         self._attention(
             query.data_ptr(),
             k_cache.data_ptr(),
@@ -166,11 +164,7 @@ class DecodeStep:
         kv_shape = (1, self._num_kv_heads, batch, head_dim)
         if query.shape != (1, num_heads, batch, head_dim) or key.shape != kv_shape or value.shape != kv_shape:
             raise ValueError("the CPU decode kernel got another shape than the step it was bound to")
-        group, remainder = divmod(num_heads, self._num_kv_heads)
-        if remainder or group > MAX_GROUP:
-            raise ValueError(
-                f"the CPU decode kernel takes a whole number of query heads per KV head, at most {MAX_GROUP}"
-            )
+        group = _group_size(num_heads, self._num_kv_heads)
         scratch_size = group * (self._max_len + head_dim)
         if self._scratch is None or self._scratch.numel() < scratch_size:
             self._scratch = torch.empty(scratch_size, dtype=torch.float32)
@@ -202,6 +196,14 @@ class DecodeStep:
             scale,
         )
         return output
+
+
+def _group_size(num_heads: int, num_kv_heads: int) -> int:
+    """Query heads per KV head, as the C code's stack buffer of MAX_GROUP holds them."""
+    group, remainder = divmod(num_heads, num_kv_heads)
+    if remainder or group > MAX_GROUP:
+        raise ValueError(f"the CPU decode kernel takes a whole number of query heads per KV head, at most {MAX_GROUP}")
+    return group
 
 
 def _check_layouts(*floats: torch.Tensor, index: torch.Tensor | None = None) -> None:

@@ -197,6 +197,12 @@ static float exponentiate(float *weights, int64_t len) {
 
 #define MAX_GROUP 64 /* query heads per KV head; the wrapper refuses more */
 
+/* Stores one key at its slot of a KV head's keys, transposed within the slot's block ([D][block_size]). */
+static void store_key(float *k_head, int64_t slot, const float *key, int64_t head_dim, int64_t block_size) {
+    float *column = k_head + (slot / block_size) * head_dim * block_size + slot % block_size;
+    for (int64_t d = 0; d < head_dim; d++) column[d * block_size] = key[d];
+}
+
 /* One row's KV head: the scores of its group's query heads (`queries`, head_dim apart) over the row's first len
  * tokens, their softmax, and the weighted values into `out` (head_dim apart); scratch holds group * max_len floats. */
 static void attend(const float *queries, const float *k_head, const float *v_head, const int64_t *table, int64_t len,
@@ -243,13 +249,10 @@ void paged_decode_step(const float *q, int64_t q_token_stride, int64_t q_head_st
     const int64_t head_stride = num_blocks * block_size * head_dim;
     float *queries = scratch + group * max_len; /* the group's queries, copied adjacent */
     for (int64_t b = 0; b < batch; b++) {
-        const int64_t block = slots[b] / block_size, offset = slots[b] % block_size;
         for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
             float *k_head = k_cache + kvh * head_stride, *v_head = v_cache + kvh * head_stride;
-            const float *key = k_new + b * k_token_stride + kvh * k_head_stride;
-            float *key_column = k_head + block * head_dim * block_size + offset;
-            for (int64_t d = 0; d < head_dim; d++) key_column[d * block_size] = key[d];
-            memcpy(v_head + (block * block_size + offset) * head_dim, v_new + b * v_token_stride + kvh * v_head_stride,
+            store_key(k_head, slots[b], k_new + b * k_token_stride + kvh * k_head_stride, head_dim, block_size);
+            memcpy(v_head + slots[b] * head_dim, v_new + b * v_token_stride + kvh * v_head_stride,
                    head_dim * sizeof(float));
             for (int64_t g = 0; g < group; g++)
                 memcpy(queries + g * head_dim, q + b * q_token_stride + (kvh * group + g) * q_head_stride,
@@ -266,12 +269,8 @@ void paged_write_keys(float *k_cache, const int64_t *slots, const float *keys, i
                       int64_t head_dim, int64_t num_blocks, int64_t block_size) {
     for (int64_t h = 0; h < num_kv_heads; h++) {
         float *k_head = k_cache + h * num_blocks * head_dim * block_size;
-        for (int64_t t = 0; t < num_tokens; t++) {
-            const int64_t slot = slots[t];
-            float *first = k_head + (slot / block_size) * head_dim * block_size + slot % block_size;
-            const float *key = keys + (h * num_tokens + t) * head_dim;
-            for (int64_t d = 0; d < head_dim; d++) first[d * block_size] = key[d];
-        }
+        for (int64_t t = 0; t < num_tokens; t++)
+            store_key(k_head, slots[t], keys + (h * num_tokens + t) * head_dim, head_dim, block_size);
     }
 }
 
