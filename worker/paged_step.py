@@ -80,7 +80,7 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
         request, start, num_tokens = chunk.request, chunk.start, chunk.num_tokens
         table = request.block_table  # too short for the chunk: IndexError here, before the kernel could write past it
         if num_tokens == 1:  # most rows of most steps: no ranges, no token list copies
-            if start > 0:
+            if chunk.is_decode:
                 decode_chunks.append(chunk)
                 decode_token_index.append(len(input_ids))
             input_ids.append(request.token_at(start))
