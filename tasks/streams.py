@@ -58,11 +58,18 @@ def append_json(client: redis.Redis, config: Config, key: str, event: dict) -> s
 
 def append_json_many(client: redis.Redis, config: Config, key: str, events: list[dict]) -> list[str]:
     """`append_json` for several events in one round trip, in order."""
+    return append_json_to_streams(client, config, [(key, event) for event in events])
+
+
+def append_json_to_streams(client: redis.Redis, config: Config, entries: list[tuple[str, dict]]) -> list[str]:
+    """`append_json` for (stream key, event) pairs of any number of streams, in one round trip and one transaction;
+    each stream gets its events in the order given and its expiry set once."""
     pipe = client.pipeline(transaction=True)
-    for event in events:
+    for key, event in entries:
         pipe.xadd(key, {"event": json.dumps(event)}, maxlen=config.stream_maxlen, approximate=True)
-    pipe.expire(key, config.stream_ttl_s)
-    return [str(entry_id) for entry_id in pipe.execute()[:-1]]
+    for key in dict.fromkeys(key for key, _ in entries):
+        pipe.expire(key, config.stream_ttl_s)
+    return [str(entry_id) for entry_id in pipe.execute()[: len(entries)]]
 
 
 def read_events(

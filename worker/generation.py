@@ -1,12 +1,12 @@
-"""One generate task in a Celery thread: claim it, run it on the engine, stream events, record the result."""
+"""One generate task in a Celery thread: claim it, run it on the engine (the output processor streams its events),
+record the result."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
-import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from tasks.finish import finish_request
@@ -17,8 +17,8 @@ from tasks.steering_store import read_profile
 from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
 from worker.cancel_watcher import CancelWatcher
-from worker.choice import Choice, ChoiceDelta, start_choice
-from worker.engine import EngineOutput
+from worker.choice import Choice, engine_request_id, start_choice
+from worker.output_processor import FollowedRequest, OutputProcessor
 from worker.steering_report import PROFILE, REQUEST, SteeringReport
 from worker.task_runner import TaskRunner
 
@@ -46,9 +46,12 @@ class GenerationHandler(TaskRunner):
         super().__init__(*args, **kwargs)
         self.cancels = CancelWatcher(self.redis, self.config)
         self.cancels.start()
+        self.outputs = OutputProcessor(self.redis, self.config, self.tokenizer, self.engine)
+        self.outputs.start()
 
     def close(self) -> None:
         self.cancels.stop()
+        self.outputs.stop()
 
     def handle(self, request: GenerateRequest) -> None:
         if not self._claim(request):
@@ -83,22 +86,25 @@ class GenerationHandler(TaskRunner):
         return True
 
     def _run(self, request: GenerateRequest) -> Outcome:
-        outputs: queue.Queue[EngineOutput] = queue.Queue()
         steering, source = self._steering_for(request)
-        choices: list[Choice] = []
+        report = SteeringReport(engine_request_id(request, 0), request.monitor, source)
+        followed = FollowedRequest(request, report)
+        on_output = partial(self.outputs.put, followed)
 
         def on_cancel(_: bool) -> None:
-            self._cancel(choices)
+            self._cancel(followed)
 
         try:
             for index in range(request.n):  # started one by one, so a failed submit still cancels those before it
-                choices.append(start_choice(self.engine, self.tokenizer, request, index, outputs.put, steering))
-            report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
+                choice = start_choice(self.engine, self.tokenizer, request, index, on_output, steering)
+                followed.choices[choice.engine_request_id] = choice
             self.cancels.watch(request.request_id, on_cancel)
-            outcome = self._follow(request, choices, outputs, report)
+            self.outputs.follow(followed)
+            outcome = self._wait(followed)
         finally:
             self.cancels.forget(request.request_id, on_cancel)
-            self._cancel(choices)  # a no-op for choices the engine has finished
+            self.outputs.forget(followed)
+            self._cancel(followed)  # a no-op for choices the engine has finished
         return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
 
     def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, str]:
@@ -107,55 +113,20 @@ class GenerationHandler(TaskRunner):
             return request.steering, REQUEST
         return read_profile(self.redis, self.config), PROFILE
 
-    def _cancel(self, choices: list[Choice]) -> None:
-        for choice in choices:
-            self.engine.cancel(choice.engine_request_id)
+    def _cancel(self, followed: FollowedRequest) -> None:
+        for choice_id in followed.choices:
+            self.engine.cancel(choice_id)
 
-    def _follow(
-        self,
-        request: GenerateRequest,
-        choices: list[Choice],
-        outputs: queue.Queue[EngineOutput],
-        report: SteeringReport,
-    ) -> Outcome:
-        """Streams the choices' outputs until all are done; a cancel flag reaches the engine through the watcher,
-        whose abort outputs end the choices here."""
-        by_engine_id = {choice.engine_request_id: choice for choice in choices}
-        next_engine_check = 0.0
-        while not all(choice.is_done for choice in choices):
-            if time.monotonic() >= next_engine_check:
-                next_engine_check = time.monotonic() + ENGINE_CHECK_S
-                if not self.engine.is_alive():
-                    return _outcome(choices, ErrorInfo("The engine stopped.", "server_error"))
-            try:
-                output = outputs.get(timeout=ENGINE_CHECK_S)
-            except queue.Empty:
-                continue
-            choice = by_engine_id[output.request_id]
-            if choice.is_done:
-                continue  # the abort that follows a stop string
-            report.add(output)
-            delta = choice.apply(output, self.tokenizer)
-            if choice.error is not None:
-                return _outcome(choices, ErrorInfo(choice.error, choice.error_type))
-            self._emit_delta(request, choice.index, delta)
-            if choice.is_done and output.finish_reason is None:
-                self.engine.cancel(choice.engine_request_id)  # a stop string ended it before the engine did
-        return _outcome(choices)
-
-    def _emit_delta(self, request: GenerateRequest, index: int, delta: ChoiceDelta) -> None:
-        """Choice 0's finish reason rides on the FINAL event; the others end with their last DELTA."""
-        finish_reason = delta.finish_reason if index > 0 else None
-        if delta.text or delta.token_ids or finish_reason is not None:
-            event = StreamEvent(
-                EventType.DELTA,
-                text=delta.text,
-                token_ids=delta.token_ids,
-                logprobs=delta.logprobs,
-                index=index,
-                finish_reason=finish_reason,
-            )
-            self._emit(request.request_id, event)
+    def _wait(self, followed: FollowedRequest) -> Outcome:
+        """The outcome once the output processor has streamed every choice to its end; a cancel flag reaches the
+        engine through the watcher, whose abort outputs end the choices."""
+        choices = list(followed.choices.values())
+        while not followed.done.wait(ENGINE_CHECK_S):
+            if not self.engine.is_alive():
+                return _outcome(choices, ErrorInfo("The engine stopped.", "server_error"))
+        if followed.failure is not None:
+            raise followed.failure
+        return _outcome(choices, followed.error)
 
     def _emit(self, request_id: str, event: StreamEvent) -> None:
         append_event(self.redis, self.config, request_id, event)

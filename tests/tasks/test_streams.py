@@ -15,6 +15,7 @@ from tasks.streams import (
     RedisKeys,
     append_event,
     append_json_many,
+    append_json_to_streams,
     read_events,
     read_json,
     wait_for_final,
@@ -48,6 +49,22 @@ def test_several_events_go_in_one_round_trip_in_order(redis_url: str) -> None:
     assert [next(entries) for _ in range(3)] == [(ids[0], {"n": 1}), (ids[1], {"n": 2}), (ids[2], {"n": 3})]
     assert 0 < client.ttl(key) <= 60
     client.delete(key)
+
+
+def test_events_of_several_streams_go_in_one_round_trip_each_stream_in_order(redis_url: str) -> None:
+    config = make_config(redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    first, second = (RedisKeys(config.redis_prefix).request_stream(name) for name in ("a", "b"))
+    entries = [(first, {"n": 1}), (second, {"n": 2}), (first, {"n": 3})]
+    ids = append_json_to_streams(client, config, entries)
+    assert len(ids) == 3
+    assert [item for item, _ in zip(read_json(client, first, STREAM_START, 100), range(2), strict=False)] == [
+        (ids[0], {"n": 1}),
+        (ids[2], {"n": 3}),
+    ]
+    assert next(read_json(client, second, STREAM_START, 100)) == (ids[1], {"n": 2})
+    assert 0 < client.ttl(first) <= 60 and 0 < client.ttl(second) <= 60
+    client.delete(first, second)
 
 
 def test_stream_length_is_bounded(redis_url: str) -> None:
