@@ -71,8 +71,8 @@ def stop_engine(**_: object) -> None:
     for bulk in _bulk:
         bulk.stop()
     for runtime in _runtime:
+        runtime.engine.stop()  # first, so that the output processor still streams the aborts it sends
         runtime.handler.close()
-        runtime.engine.stop()
         runtime.lease.stop()
         runtime.steering.stop()
 

@@ -86,18 +86,14 @@ def start_choice(
 ) -> Choice:
     """Choice i of n runs as its own engine request; a seeded request's choice i uses seed + i. Every choice is
     steered alike; only choice 0 is monitored, since the prompt's positions would repeat n times."""
+    choice_id = engine_request_id(request, index)
     sampling = request.sampling
     if sampling.seed is not None and index > 0:
         sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
     monitor = request.monitor if index == 0 else None
     engine_request = EngineRequest(
-        engine_request_id(request, index),
-        request.prompt_token_ids,
-        sampling,
-        priority,
-        steering=steering,
-        monitor=monitor,
+        choice_id, request.prompt_token_ids, sampling, priority, steering=steering, monitor=monitor
     )
     engine.submit(engine_request, on_output)
     text_stream = TextStream(tokenizer, request.prompt_token_ids, sampling.stop)
-    return Choice(index, engine_request_id(request, index), text_stream, wants_logprobs=sampling.logprobs is not None)
+    return Choice(index, choice_id, text_stream, wants_logprobs=sampling.logprobs is not None)

@@ -100,11 +100,12 @@ class GenerationHandler(TaskRunner):
                 followed.choices[choice.engine_request_id] = choice
             self.cancels.watch(request.request_id, on_cancel)
             self.outputs.follow(followed)
-            outcome = self._wait(followed)
+            error = self._wait(followed)
         finally:
             self.cancels.forget(request.request_id, on_cancel)
-            self.outputs.forget(followed)
+            self.outputs.forget(followed)  # from here on the choices are ours alone to read
             self._cancel(followed)  # a no-op for choices the engine has finished
+        outcome = _outcome(list(followed.choices.values()), error)
         return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
 
     def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, str]:
@@ -117,16 +118,17 @@ class GenerationHandler(TaskRunner):
         for choice_id in followed.choices:
             self.engine.cancel(choice_id)
 
-    def _wait(self, followed: FollowedRequest) -> Outcome:
-        """The outcome once the output processor has streamed every choice to its end; a cancel flag reaches the
-        engine through the watcher, whose abort outputs end the choices."""
-        choices = list(followed.choices.values())
+    def _wait(self, followed: FollowedRequest) -> ErrorInfo | None:
+        """Until the output processor has streamed every choice to its end (a cancel flag reaches the engine
+        through the watcher, whose abort outputs end the choices); the error that ended the request, if any."""
         while not followed.done.wait(ENGINE_CHECK_S):
             if not self.engine.is_alive():
-                return _outcome(choices, ErrorInfo("The engine stopped.", "server_error"))
+                return ErrorInfo("The engine stopped.", "server_error")
+            if not self.outputs.is_alive():
+                return ErrorInfo("The worker's output processor stopped.", "server_error")
         if followed.failure is not None:
             raise followed.failure
-        return _outcome(choices, followed.error)
+        return followed.error
 
     def _emit(self, request_id: str, event: StreamEvent) -> None:
         append_event(self.redis, self.config, request_id, event)

@@ -102,9 +102,13 @@ class OutputProcessor:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the thread once every output that has arrived is applied and written (a stopping engine's aborts)."""
         with self._lock:
             self._is_stopping = True
             self._has_work.notify_all()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
 
     def put(self, followed: FollowedRequest, output: EngineOutput) -> None:
         with self._lock:
@@ -135,7 +139,7 @@ class OutputProcessor:
         while True:
             with self._lock:
                 self._has_work.wait_for(lambda: self._ready or self._is_stopping)
-                if self._is_stopping:
+                if not self._ready:
                     return
                 taken = [(followed, followed.pending) for followed in self._ready]
                 for followed, _ in taken:
@@ -144,6 +148,11 @@ class OutputProcessor:
                 self._ready = {}
             try:
                 self._process(taken)
+            except Exception as exc:  # a failure past one request's outputs fails the pass's requests, not the thread
+                logger.exception("a pass over %d requests' outputs failed", len(taken))
+                for followed, _ in taken:
+                    followed.failure = exc
+                    self._end(followed)
             finally:
                 with self._lock:
                     for followed, _ in taken:
@@ -151,6 +160,7 @@ class OutputProcessor:
                     self._pass_ended.notify_all()
 
     def _process(self, taken: list[tuple[FollowedRequest, list[EngineOutput]]]) -> None:
+        """One transaction writes the pass's events, so a failed write fails every request that had events in it."""
         entries: list[tuple[str, dict]] = []
         written = []
         for followed, outputs in taken:
@@ -178,4 +188,6 @@ class OutputProcessor:
     def _end(self, followed: FollowedRequest) -> None:
         with self._lock:
             followed.is_forgotten = True
+            self._ready.pop(followed, None)  # outputs that arrived during this pass: nothing of it is written now
+            followed.pending.clear()
         followed.done.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from tasks.config import Config
 from tasks.messages import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
 from tasks.streams import RedisKeys
 from tests.conftest import free_port
-from worker.choice import Choice
+from worker.choice import Choice, engine_request_id
 from worker.engine import EngineOutput
 from worker.output_processor import FollowedRequest, OutputProcessor
 from worker.steering_report import REQUEST, SteeringReport
@@ -47,13 +48,42 @@ def config(redis_url: str) -> Iterator[Config]:
         client.delete(key)
 
 
+class GatedProcessor(OutputProcessor):
+    """Holds each pass at its start until the test opens the gate: to act while a pass runs."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.in_pass = threading.Event()
+        self.gate = threading.Event()
+
+    def _process(self, taken: list) -> None:  # type: ignore[type-arg]
+        self.in_pass.set()
+        self.gate.wait(10)
+        super()._process(taken)
+
+
+@pytest.fixture
+def processors() -> Iterator[list[OutputProcessor]]:
+    """Processors a test starts, stopped whatever the test's outcome."""
+    started: list[OutputProcessor] = []
+    yield started
+    for processor in started:
+        processor.stop()
+
+
+def start(processors: list[OutputProcessor], processor: OutputProcessor) -> OutputProcessor:
+    processor.start()
+    processors.append(processor)
+    return processor
+
+
 def followed_request(tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple[str, ...] = ()) -> FollowedRequest:
     request_id = f"cmpl-{uuid.uuid4().hex}"
     prompt = tokenizer.encode("the cat")
     request = GenerateRequest(request_id, Endpoint.COMPLETIONS, "tiny", prompt, SamplingParams(16, stop=stop), 0, n=n)
     followed = FollowedRequest(request, SteeringReport(request_id, None, REQUEST))
     for index in range(n):
-        choice_id = request_id if n == 1 else f"{request_id}#{index}"
+        choice_id = engine_request_id(request, index)
         followed.choices[choice_id] = Choice(
             index, choice_id, TextStream(tokenizer, prompt, stop), wants_logprobs=False
         )
@@ -66,15 +96,16 @@ def events(client: redis.Redis, config: Config, followed: FollowedRequest) -> li
 
 
 def test_outputs_before_and_after_follow_reach_each_stream_in_order(
-    config: Config, tokenizer: PreTrainedTokenizerFast
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
     client = redis.Redis.from_url(config.redis_url)
-    processor = OutputProcessor(client, config, tokenizer, CancelRecorder())  # type: ignore[arg-type]
-    processor.start()
+    processor = start(processors, OutputProcessor(client, config, tokenizer, CancelRecorder()))  # type: ignore[arg-type]
     first, second = followed_request(tokenizer), followed_request(tokenizer, n=2)
     ids = tokenizer.encode(" a small dog", add_special_tokens=False)
     second_ids = list(second.choices)
-    processor.put(first, EngineOutput(first.request.request_id, ids[:1]))  # before follow: held until then
+    processor.put(first, EngineOutput(first.request.request_id, ids[:1]))
+    time.sleep(0.2)
+    assert events(client, config, first) == []  # held until the request is followed
     processor.follow(first)
     processor.follow(second)
     processor.put(first, EngineOutput(first.request.request_id, ids[1:], FinishReason.LENGTH))
@@ -82,7 +113,6 @@ def test_outputs_before_and_after_follow_reach_each_stream_in_order(
     assert not second.done.wait(0.2)  # choice 0 has not ended
     processor.put(second, EngineOutput(second_ids[0], ids[:2], FinishReason.LENGTH))
     assert first.done.wait(5) and second.done.wait(5)
-    processor.stop()
 
     assert first.failure is None and first.error is None and first.has_ended
     first_events = events(client, config, first)
@@ -94,51 +124,113 @@ def test_outputs_before_and_after_follow_reach_each_stream_in_order(
 
 
 def test_a_stop_string_ends_the_choice_and_cancels_it_in_the_engine(
-    config: Config, tokenizer: PreTrainedTokenizerFast
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
     client = redis.Redis.from_url(config.redis_url)
     engine = CancelRecorder()
-    processor = OutputProcessor(client, config, tokenizer, engine)  # type: ignore[arg-type]
-    processor.start()
+    processor = start(processors, OutputProcessor(client, config, tokenizer, engine))  # type: ignore[arg-type]
     followed = followed_request(tokenizer, stop=("dog",))
     processor.follow(followed)
     for token_id in tokenizer.encode(" a small dog runs", add_special_tokens=False):
         processor.put(followed, EngineOutput(followed.request.request_id, [token_id]))
     assert followed.done.wait(5)
-    processor.stop()
     assert engine.cancelled == [followed.request.request_id]
     assert "".join(event.text for event in events(client, config, followed)) == " a small "
 
 
-def test_a_forgotten_request_writes_nothing_more(config: Config, tokenizer: PreTrainedTokenizerFast) -> None:
+def test_an_engine_error_ends_the_request_with_it(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
     client = redis.Redis.from_url(config.redis_url)
-    processor = OutputProcessor(client, config, tokenizer, CancelRecorder())  # type: ignore[arg-type]
-    processor.start()
+    processor = start(processors, OutputProcessor(client, config, tokenizer, CancelRecorder()))  # type: ignore[arg-type]
+    followed = followed_request(tokenizer, n=2)
+    processor.follow(followed)
+    processor.put(followed, EngineOutput(list(followed.choices)[1], [], error="the engine step failed"))
+    assert followed.done.wait(5)
+    assert followed.error is not None and followed.error.message == "the engine step failed"
+    assert followed.failure is None
+
+
+def test_forget_returns_after_the_running_pass_and_nothing_is_written_after_it(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    client = redis.Redis.from_url(config.redis_url)
+    processor = start(processors, GatedProcessor(client, config, tokenizer, CancelRecorder()))
     followed = followed_request(tokenizer)
     processor.follow(followed)
     processor.put(followed, EngineOutput(followed.request.request_id, tokenizer.encode(" a", add_special_tokens=False)))
-    deadline = time.monotonic() + 5
-    while not events(client, config, followed) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    processor.forget(followed)
-    processor.put(
-        followed,
-        EngineOutput(
-            followed.request.request_id, tokenizer.encode(" dog", add_special_tokens=False), FinishReason.LENGTH
-        ),
-    )
+    assert processor.in_pass.wait(5)
+    processor.put(followed, EngineOutput(followed.request.request_id, tokenizer.encode(" b", add_special_tokens=False)))
+    forgetting = threading.Thread(target=processor.forget, args=(followed,))
+    forgetting.start()
+    forgetting.join(0.2)
+    assert forgetting.is_alive()  # waits for the pass that holds the request's outputs
+    processor.gate.set()
+    forgetting.join(5)
+    written = events(client, config, followed)
+    assert [event.text for event in written] == [" a"]
+    processor.put(followed, EngineOutput(followed.request.request_id, [1], FinishReason.LENGTH))
     time.sleep(0.2)
+    assert events(client, config, followed) == written and not followed.done.is_set()
+
+
+def test_outputs_that_arrive_while_a_request_ends_are_never_written(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    client = redis.Redis.from_url(config.redis_url)
+    processor = start(processors, GatedProcessor(client, config, tokenizer, CancelRecorder()))
+    followed = followed_request(tokenizer, n=2)
+    first, second = followed.choices
+    processor.follow(followed)
+    processor.put(followed, EngineOutput(second, [], error="the engine step failed"))
+    assert processor.in_pass.wait(5)
+    processor.put(followed, EngineOutput(first, tokenizer.encode(" a", add_special_tokens=False)))  # still running
+    processor.gate.set()
+    assert followed.done.wait(5)
+    processor.forget(followed)  # the handler's, before it writes the FINAL event
+    time.sleep(0.2)
+    assert events(client, config, followed) == []
+
+
+def test_one_requests_bad_output_fails_only_that_request(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    client = redis.Redis.from_url(config.redis_url)
+    processor = start(processors, GatedProcessor(client, config, tokenizer, CancelRecorder()))
+    broken, healthy = followed_request(tokenizer), followed_request(tokenizer)
+    processor.follow(broken)
+    processor.follow(healthy)
+    processor.put(broken, EngineOutput("not-one-of-its-choices", [1]))
+    processor.put(healthy, EngineOutput(healthy.request.request_id, [1], FinishReason.LENGTH))
+    processor.gate.set()
+    assert broken.done.wait(5) and healthy.done.wait(5)
+    assert isinstance(broken.failure, KeyError) and healthy.failure is None
+    assert len(events(client, config, healthy)) == 1 and processor.is_alive()
+
+
+def test_stop_writes_what_has_arrived_first(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    client = redis.Redis.from_url(config.redis_url)
+    processor = start(processors, GatedProcessor(client, config, tokenizer, CancelRecorder()))
+    followed = followed_request(tokenizer)
+    processor.follow(followed)
+    processor.put(followed, EngineOutput(followed.request.request_id, [1]))
+    assert processor.in_pass.wait(5)
+    processor.put(followed, EngineOutput(followed.request.request_id, [], FinishReason.ABORT))
     processor.stop()
-    assert len(events(client, config, followed)) == 1 and not followed.done.is_set()
+    processor.gate.set()
+    assert followed.done.wait(5)
+    assert next(iter(followed.choices.values())).finish_reason == FinishReason.ABORT
 
 
-def test_events_redis_refuses_fail_their_requests(config: Config, tokenizer: PreTrainedTokenizerFast) -> None:
+def test_events_redis_refuses_fail_their_requests(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
     nowhere = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
-    processor = OutputProcessor(nowhere, config, tokenizer, CancelRecorder())  # type: ignore[arg-type]
-    processor.start()
+    processor = start(processors, OutputProcessor(nowhere, config, tokenizer, CancelRecorder()))  # type: ignore[arg-type]
     followed = followed_request(tokenizer)
     processor.follow(followed)
     processor.put(followed, EngineOutput(followed.request.request_id, tokenizer.encode(" a", add_special_tokens=False)))
     assert followed.done.wait(10)
-    processor.stop()
-    assert isinstance(followed.failure, redis.RedisError)
+    assert isinstance(followed.failure, redis.RedisError) and processor.is_alive()
