@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 from flask import Flask
 
@@ -10,11 +11,12 @@ from api.blueprints import batches, chat, completions, files, health, models, re
 from api.errors import register_error_handlers
 from api.prompts import load_model_info
 from api.services import Services, close_db_session
+from api.stream_hub import BLOCK_MS, StreamHub
 from tasks.celery_app import create_celery
 from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
-from tasks.streams import connect_redis
+from tasks.streams import RedisKeys, connect_redis
 
 
 def create_app(config: Config | None = None) -> Flask:
@@ -22,9 +24,11 @@ def create_app(config: Config | None = None) -> Flask:
     configure_logging(config)
     app = Flask(__name__)
     app.json.sort_keys = False
+    client = connect_redis(config, block_s=max(config.sse_heartbeat_s, BLOCK_MS / 1000))
     app.extensions["steerbatch"] = Services(
         config=config,
-        redis=connect_redis(config, block_s=max(config.sse_heartbeat_s, 1.0)),
+        redis=client,
+        streams=StreamHub(client, RedisKeys(config.redis_prefix).stream_hub_wake(uuid.uuid4().hex)),
         sessions=make_session_factory(make_db_engine(config.database_url)),
         celery=create_celery(config),
         model_info=load_model_info(config),

@@ -104,7 +104,7 @@ def request_frames(record: RequestRecord, after_id: str, on_timeout: Callable[[]
     """The SSE frames of a request's stream after `after_id`; a quiet stream checks its worker is alive."""
     svc = services()
     return relay_frames(
-        svc.redis,
+        svc.streams.read_json,
         RedisKeys(svc.config.redis_prefix).request_stream(record.id),
         StreamMeta.of(record),
         after_id,
@@ -134,7 +134,11 @@ def _wait(record: RequestRecord) -> Response:
         fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
 
     final = wait_for_final(
-        svc.redis, key, idle_s=svc.config.sse_heartbeat_s, timeout_s=svc.config.request_timeout_s, on_idle=check_worker
+        svc.streams.read_json,
+        key,
+        idle_s=svc.config.sse_heartbeat_s,
+        timeout_s=svc.config.request_timeout_s,
+        on_idle=check_worker,
     )
     if final is None:
         cancel_generation(record.id)

@@ -10,6 +10,7 @@ from flask import current_app, g
 from sqlalchemy.orm import Session
 
 from api.prompts import ModelInfo
+from api.stream_hub import StreamHub
 from tasks.config import Config
 from tasks.db import SessionFactory
 
@@ -18,6 +19,7 @@ from tasks.db import SessionFactory
 class Services:
     config: Config
     redis: redis.Redis
+    streams: StreamHub  # reads the request streams this process relays
     sessions: SessionFactory
     celery: Celery
     model_info: ModelInfo

@@ -13,7 +13,7 @@ from flask import Response, request, stream_with_context
 from api.errors import APIError
 from api.responses import StreamMeta, stream_chunks
 from tasks.messages import ErrorInfo, EventType
-from tasks.streams import STREAM_START, DeadlinePassed, follow_events
+from tasks.streams import STREAM_START, DeadlinePassed, JsonReader, follow_events
 
 logger = logging.getLogger(__name__)
 ENTRY_ID = re.compile(r"^\d+-\d+$")
@@ -33,7 +33,7 @@ def sse_frame(data: str, event_id: str | None = None) -> str:
 
 
 def relay_frames(
-    client: redis.Redis,
+    read: JsonReader,
     key: str,
     meta: StreamMeta,
     after_id: str,
@@ -48,7 +48,7 @@ def relay_frames(
     Only the last frame made from a stream entry carries its id, so a client that drops between the frames of one
     entry resumes before that entry and misses none of them."""
     try:
-        for item in follow_events(client, key, after_id, idle_s=heartbeat_s, timeout_s=timeout_s, on_idle=on_idle):
+        for item in follow_events(read, key, after_id, idle_s=heartbeat_s, timeout_s=timeout_s, on_idle=on_idle):
             if item is None:
                 yield ": keep-alive\n\n"
                 continue

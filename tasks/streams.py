@@ -13,6 +13,9 @@ from tasks.config import Config
 from tasks.messages import EventType, StreamEvent
 
 STREAM_START = "0-0"
+# (key, after_id, block_ms) -> the JSON events after after_id, None each block_ms with none: read_json with its
+# client bound, or the api's StreamHub.read_json
+JsonReader = Callable[[str, str, int], Iterator[tuple[str, dict] | None]]
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class RedisKeys:
 
     def batch_stop_flag(self, batch_id: str) -> str:
         return f"{self.prefix}stop:batch:{batch_id}"
+
+    def stream_hub_wake(self, hub_id: str) -> str:
+        return f"{self.prefix}hub:{hub_id}"
 
 
 def connect_redis(config: Config, *, block_s: float = 0.0) -> redis.Redis:
@@ -72,11 +78,9 @@ def append_json_to_streams(client: redis.Redis, config: Config, entries: list[tu
     return [str(entry_id) for entry_id in pipe.execute()[: len(entries)]]
 
 
-def read_events(
-    client: redis.Redis, key: str, after_id: str, block_ms: int
-) -> Iterator[tuple[str, StreamEvent] | None]:
+def read_events(read: JsonReader, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, StreamEvent] | None]:
     """Entries after `after_id` as they arrive, for ever; None each time `block_ms` passes with none."""
-    for item in read_json(client, key, after_id, block_ms):
+    for item in read(key, after_id, block_ms):
         yield None if item is None else (item[0], StreamEvent.from_dict(item[1]))
 
 
@@ -97,7 +101,7 @@ class DeadlinePassed(Exception):
 
 
 def follow_events(
-    client: redis.Redis,
+    read: JsonReader,
     key: str,
     after_id: str,
     *,
@@ -109,7 +113,7 @@ def follow_events(
 
     Raises DeadlinePassed when `timeout_s` runs out first (noticed within `idle_s`)."""
     deadline = time.monotonic() + timeout_s
-    for item in read_events(client, key, after_id, int(idle_s * 1000)):
+    for item in read_events(read, key, after_id, int(idle_s * 1000)):
         if time.monotonic() >= deadline:
             raise DeadlinePassed(key)
         if item is None:
@@ -120,11 +124,11 @@ def follow_events(
 
 
 def wait_for_final(
-    client: redis.Redis, key: str, *, idle_s: float, timeout_s: float, on_idle: Callable[[], object] = lambda: None
+    read: JsonReader, key: str, *, idle_s: float, timeout_s: float, on_idle: Callable[[], object] = lambda: None
 ) -> StreamEvent | None:
     """The request's final event; None if `timeout_s` passes first."""
     try:
-        for item in follow_events(client, key, STREAM_START, idle_s=idle_s, timeout_s=timeout_s, on_idle=on_idle):
+        for item in follow_events(read, key, STREAM_START, idle_s=idle_s, timeout_s=timeout_s, on_idle=on_idle):
             if item is not None and item[1].type == EventType.FINAL:
                 return item[1]
     except DeadlinePassed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from functools import partial
 
 import redis
 
@@ -32,10 +33,10 @@ def test_events_read_back_in_order_and_resume_after_an_id(redis_url: str) -> Non
     ids = [append_event(client, config, "r1", StreamEvent(EventType.DELTA, text=str(i))) for i in range(5)]
     append_event(client, config, "r1", StreamEvent(EventType.FINAL, finish_reason=FinishReason.STOP))
     key = RedisKeys(config.redis_prefix).request_stream("r1")
-    after_second = read_events(client, key, ids[1], block_ms=100)
+    after_second = read_events(partial(read_json, client), key, ids[1], block_ms=100)
     assert [next(after_second)[1].text for _ in range(3)] == ["2", "3", "4"]  # type: ignore[index]
     assert 0 < client.ttl(key) <= 60
-    final = wait_for_final(client, key, idle_s=0.1, timeout_s=1)
+    final = wait_for_final(partial(read_json, client), key, idle_s=0.1, timeout_s=1)
     assert final is not None and final.finish_reason == FinishReason.STOP
     client.delete(key)
 
@@ -82,7 +83,7 @@ def test_relay_sends_heartbeats_while_idle_then_the_events(redis_url: str) -> No
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     meta = StreamMeta("cmpl-x", Endpoint.COMPLETIONS, "tiny", 1700000000, include_usage=False)
     key = RedisKeys(config.redis_prefix).request_stream("idle")
-    frames = relay_frames(client, key, meta, STREAM_START, heartbeat_s=0.2, timeout_s=30)
+    frames = relay_frames(partial(read_json, client), key, meta, STREAM_START, heartbeat_s=0.2, timeout_s=30)
     assert next(frames) == ": keep-alive\n\n"
     append_event(client, config, "idle", StreamEvent(EventType.DELTA, text="hi"))
     append_event(
