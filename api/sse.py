@@ -13,7 +13,7 @@ from flask import Response, request, stream_with_context
 from api.errors import APIError
 from api.responses import StreamMeta, stream_chunks
 from tasks.messages import ErrorInfo, EventType
-from tasks.streams import STREAM_START, DeadlinePassed, JsonReader, follow_events
+from tasks.streams import STREAM_START, DeadlinePassed, JsonReader, entry_order, follow_events
 
 logger = logging.getLogger(__name__)
 ENTRY_ID = re.compile(r"^\d+-\d+$")
@@ -24,6 +24,10 @@ def last_event_id() -> str:
     value = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or STREAM_START
     if not ENTRY_ID.match(value):
         raise APIError(400, "Last-Event-ID must be a stream entry id like 1700000000000-0", param="Last-Event-ID")
+    try:
+        entry_order(value)  # one process's reads share an XREAD, which one id out of range would fail for all
+    except ValueError as exc:
+        raise APIError(400, f"Last-Event-ID: {exc}", param="Last-Event-ID") from exc
     return value
 
 

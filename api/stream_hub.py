@@ -16,17 +16,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from tasks.streams import STREAM_START
+from tasks.streams import ENTRIES_PER_READ, STREAM_START, entry_order
 
 logger = logging.getLogger(__name__)
 BLOCK_MS = 1000  # how long one XREAD waits for any of the streams; a new reader cuts it short
-ENTRIES_PER_STREAM = 256
 WAKE_STREAM_TTL_S = 3600
-
-
-def entry_order(entry_id: str) -> tuple[int, int]:
-    milliseconds, sequence = entry_id.split("-")
-    return int(milliseconds), int(sequence)
 
 
 @dataclass(eq=False)
@@ -48,13 +42,16 @@ class StreamHub:
         self._thread: threading.Thread | None = None  # started with the first reader, ended after the last
 
     def read_json(self, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, dict] | None]:
-        """The JSON events of `key` after `after_id`, for ever; None each time `block_ms` passes with none."""
+        """The JSON events of `key` after `after_id`, for ever; None each time `block_ms` passes with none (0: wait
+        for ever, as XREAD's BLOCK 0). ValueError for an id Redis would refuse: it would fail every reader's XREAD."""
+        entry_order(after_id)
         reader = _Reader(key, after_id)
-        self._add(reader)
+        timeout_s = block_ms / 1000 if block_ms > 0 else None
         try:
+            self._add(reader)
             while True:
                 try:
-                    item = reader.entries.get(timeout=block_ms / 1000)
+                    item = reader.entries.get(timeout=timeout_s)
                 except queue.Empty:
                     yield None
                     continue
@@ -84,15 +81,13 @@ class StreamHub:
                     return
                 readers = list(self._readers)
             try:
-                reply = self._client.xread(self._positions(readers), count=ENTRIES_PER_STREAM, block=BLOCK_MS)
+                reply = self._client.xread(self._positions(readers), count=ENTRIES_PER_READ, block=BLOCK_MS)
+                self._deliver(reply or [], readers)
             except redis.RedisError as exc:
                 self._fail(readers, exc)
-                continue
             except Exception as exc:  # the readers must hear of it, or they would wait for ever
-                logger.exception("the stream hub's read failed")
+                logger.exception("the stream hub's pass failed")
                 self._fail(readers, redis.RedisError(f"the stream hub failed: {exc}"))
-                continue
-            self._deliver(reply or [], readers)
 
     def _positions(self, readers: list[_Reader]) -> dict[str, str]:
         """Each stream from the earliest position any of its readers is at."""

@@ -13,6 +13,8 @@ from tasks.config import Config
 from tasks.messages import EventType, StreamEvent
 
 STREAM_START = "0-0"
+ENTRIES_PER_READ = 256  # of one stream, by one XREAD
+MAX_ENTRY_PART = 2**64 - 1  # both parts of a stream entry id are unsigned 64-bit integers
 # (key, after_id, block_ms) -> the JSON events after after_id, None each block_ms with none: read_json with its
 # client bound, or the api's StreamHub.read_json
 JsonReader = Callable[[str, str, int], Iterator[tuple[str, dict] | None]]
@@ -84,10 +86,18 @@ def read_events(read: JsonReader, key: str, after_id: str, block_ms: int) -> Ite
         yield None if item is None else (item[0], StreamEvent.from_dict(item[1]))
 
 
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<milliseconds>-<sequence>") as a sortable pair; ValueError if Redis would refuse it."""
+    milliseconds, sequence = (int(part) for part in entry_id.split("-"))
+    if not (0 <= milliseconds <= MAX_ENTRY_PART and 0 <= sequence <= MAX_ENTRY_PART):
+        raise ValueError(f"{entry_id!r} is outside Redis's range of stream entry ids")
+    return milliseconds, sequence
+
+
 def read_json(client: redis.Redis, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, dict] | None]:
     """The JSON events of `append_json` after `after_id`, for ever; None each time `block_ms` passes with none."""
     while True:
-        reply = client.xread({key: after_id}, count=256, block=block_ms)
+        reply = client.xread({key: after_id}, count=ENTRIES_PER_READ, block=block_ms)
         if not reply:
             yield None
             continue

@@ -68,11 +68,49 @@ def test_a_new_reader_is_heard_without_waiting_out_the_hubs_xread(
     newcomer.close()
 
 
-def test_a_failed_read_is_raised_in_every_reader(config: Config) -> None:
+def test_a_failed_pass_is_raised_in_every_reader_and_the_next_reader_starts_over(config: Config) -> None:
+    hub, client = hub_for(config)
+    first, second = (RedisKeys(config.redis_prefix).request_stream(name) for name in ("a", "b"))
+    readers = [hub.read_json(key, STREAM_START, 5000) for key in (first, second)]
+    for key, reader in zip((first, second), readers, strict=True):
+        append_json(client, config, key, {"n": 0})
+        next(reader)
+    client.delete(second)
+    client.set(second, "not a stream")  # the hub's next XREAD is refused: WRONGTYPE
+    for reader in readers:
+        with pytest.raises(redis.ResponseError):
+            next(reader)
+    client.delete(second)
+    again = hub.read_json(first, STREAM_START, 5000)
+    assert next(again)[1] == {"n": 0}  # type: ignore[index]
+    again.close()
+
+
+def test_an_entry_the_hub_cannot_read_fails_its_readers_not_the_hub(config: Config) -> None:
+    hub, client = hub_for(config)
+    key = RedisKeys(config.redis_prefix).request_stream("a")
+    reader = hub.read_json(key, STREAM_START, 5000)
+    client.xadd(key, {"not-event": "x"})
+    with pytest.raises(redis.RedisError):
+        next(reader)
+    other = RedisKeys(config.redis_prefix).request_stream("b")
+    entry_id = append_json(client, config, other, {"n": 1})
+    assert next(hub.read_json(other, STREAM_START, 5000)) == (entry_id, {"n": 1})
+
+
+def test_an_id_past_redis_range_is_refused_before_it_reaches_the_shared_read(config: Config) -> None:
+    hub, _ = hub_for(config)
+    with pytest.raises(ValueError, match="range"):
+        next(hub.read_json("key", f"{2**64}-0", 1000))
+    assert hub._thread is None
+
+
+def test_a_write_redis_refuses_is_raised_in_the_reader(config: Config) -> None:
     nowhere = redis.Redis(port=free_port(), socket_connect_timeout=0.5, decode_responses=True)
     hub = StreamHub(nowhere, "wake")
     with pytest.raises(redis.RedisError):
         next(hub.read_json("key", STREAM_START, 1000))
+    assert not hub._readers
 
 
 def test_the_thread_ends_after_the_last_reader_and_starts_again_for_the_next(config: Config) -> None:

@@ -7,6 +7,7 @@ import time
 import requests
 
 from scripts.stack import Stack
+from tasks.streams import entry_order
 from tests.service.sse import Frame, data_frames, read_frames
 
 
@@ -50,10 +51,12 @@ def test_resume_after_any_event_gives_exactly_the_rest(stack: Stack) -> None:
     request_id = original[0].json["id"]
     assert events(stack, request_id, None) == original
     owners = entry_ids(original)
-    distinct = sorted(set(owners), key=_entry)
+    distinct = sorted(set(owners), key=entry_order)
     assert len(distinct) >= 4, "a stream of START, DELTAs and FINAL"
     for after in distinct:
-        expected = [frame for frame, owner in zip(original, owners, strict=True) if _entry(owner) > _entry(after)]
+        expected = [
+            frame for frame, owner in zip(original, owners, strict=True) if entry_order(owner) > entry_order(after)
+        ]
         if after == distinct[-1]:
             expected = [Frame(after, "[DONE]")]  # after the final event only the end marker is left
         assert events(stack, request_id, after) == expected, f"resume after {after}"
@@ -100,15 +103,11 @@ def test_unknown_request_and_bad_event_id(stack: Stack) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     with start_stream(stack, max_tokens=4) as response:
         request_id = data_frames(list(read_frames(response)))[0].json["id"]
-    bad = requests.get(
-        f"{stack.base_url}/v1/requests/{request_id}/events", headers={"Last-Event-ID": "yesterday"}, timeout=10
-    )
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
-
-
-def _entry(event_id: str) -> tuple[int, int]:
-    millis, sequence = event_id.split("-")
-    return int(millis), int(sequence)
+    for bad_id in ("yesterday", f"{2**64}-0"):  # the second: past Redis's range, which would fail a shared XREAD
+        bad = requests.get(
+            f"{stack.base_url}/v1/requests/{request_id}/events", headers={"Last-Event-ID": bad_id}, timeout=10
+        )
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
 
 
 def _wait_for_terminal(stack: Stack, request_id: str, timeout_s: float) -> dict:
