@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -71,10 +72,20 @@ def processors() -> Iterator[list[OutputProcessor]]:
         processor.stop()
 
 
-def start(processors: list[OutputProcessor], processor: OutputProcessor) -> OutputProcessor:
+def start(
+    processors: list[OutputProcessor],
+    config: Config,
+    tokenizer: PreTrainedTokenizerFast,
+    kind: type[OutputProcessor] = OutputProcessor,
+    engine: CancelRecorder | None = None,
+    client: redis.Redis | None = None,
+) -> tuple[Any, redis.Redis]:
+    """A started processor of `kind` writing through `client` (default: to the test's Redis), and that client."""
+    client = client or redis.Redis.from_url(config.redis_url)
+    processor = kind(client, config, tokenizer, engine or CancelRecorder())  # type: ignore[arg-type]
     processor.start()
     processors.append(processor)
-    return processor
+    return processor, client
 
 
 def followed_request(tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple[str, ...] = ()) -> FollowedRequest:
@@ -98,8 +109,7 @@ def events(client: redis.Redis, config: Config, followed: FollowedRequest) -> li
 def test_outputs_before_and_after_follow_reach_each_stream_in_order(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
-    client = redis.Redis.from_url(config.redis_url)
-    processor = start(processors, OutputProcessor(client, config, tokenizer, CancelRecorder()))  # type: ignore[arg-type]
+    processor, client = start(processors, config, tokenizer)
     first, second = followed_request(tokenizer), followed_request(tokenizer, n=2)
     ids = tokenizer.encode(" a small dog", add_special_tokens=False)
     second_ids = list(second.choices)
@@ -126,9 +136,8 @@ def test_outputs_before_and_after_follow_reach_each_stream_in_order(
 def test_a_stop_string_ends_the_choice_and_cancels_it_in_the_engine(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
-    client = redis.Redis.from_url(config.redis_url)
     engine = CancelRecorder()
-    processor = start(processors, OutputProcessor(client, config, tokenizer, engine))  # type: ignore[arg-type]
+    processor, client = start(processors, config, tokenizer, engine=engine)
     followed = followed_request(tokenizer, stop=("dog",))
     processor.follow(followed)
     for token_id in tokenizer.encode(" a small dog runs", add_special_tokens=False):
@@ -141,8 +150,7 @@ def test_a_stop_string_ends_the_choice_and_cancels_it_in_the_engine(
 def test_an_engine_error_ends_the_request_with_it(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
-    client = redis.Redis.from_url(config.redis_url)
-    processor = start(processors, OutputProcessor(client, config, tokenizer, CancelRecorder()))  # type: ignore[arg-type]
+    processor, _ = start(processors, config, tokenizer)
     followed = followed_request(tokenizer, n=2)
     processor.follow(followed)
     processor.put(followed, EngineOutput(list(followed.choices)[1], [], error="the engine step failed"))
@@ -154,8 +162,7 @@ def test_an_engine_error_ends_the_request_with_it(
 def test_forget_returns_after_the_running_pass_and_nothing_is_written_after_it(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
-    client = redis.Redis.from_url(config.redis_url)
-    processor = start(processors, GatedProcessor(client, config, tokenizer, CancelRecorder()))
+    processor, client = start(processors, config, tokenizer, GatedProcessor)
     followed = followed_request(tokenizer)
     processor.follow(followed)
     processor.put(followed, EngineOutput(followed.request.request_id, tokenizer.encode(" a", add_special_tokens=False)))
@@ -177,8 +184,7 @@ def test_forget_returns_after_the_running_pass_and_nothing_is_written_after_it(
 def test_outputs_that_arrive_while_a_request_ends_are_never_written(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
-    client = redis.Redis.from_url(config.redis_url)
-    processor = start(processors, GatedProcessor(client, config, tokenizer, CancelRecorder()))
+    processor, client = start(processors, config, tokenizer, GatedProcessor)
     followed = followed_request(tokenizer, n=2)
     first, second = followed.choices
     processor.follow(followed)
@@ -195,8 +201,7 @@ def test_outputs_that_arrive_while_a_request_ends_are_never_written(
 def test_one_requests_bad_output_fails_only_that_request(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
-    client = redis.Redis.from_url(config.redis_url)
-    processor = start(processors, GatedProcessor(client, config, tokenizer, CancelRecorder()))
+    processor, client = start(processors, config, tokenizer, GatedProcessor)
     broken, healthy = followed_request(tokenizer), followed_request(tokenizer)
     processor.follow(broken)
     processor.follow(healthy)
@@ -211,8 +216,7 @@ def test_one_requests_bad_output_fails_only_that_request(
 def test_stop_writes_what_has_arrived_first(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
-    client = redis.Redis.from_url(config.redis_url)
-    processor = start(processors, GatedProcessor(client, config, tokenizer, CancelRecorder()))
+    processor, _ = start(processors, config, tokenizer, GatedProcessor)
     followed = followed_request(tokenizer)
     processor.follow(followed)
     processor.put(followed, EngineOutput(followed.request.request_id, [1]))
@@ -228,7 +232,7 @@ def test_events_redis_refuses_fail_their_requests(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
     nowhere = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
-    processor = start(processors, OutputProcessor(nowhere, config, tokenizer, CancelRecorder()))  # type: ignore[arg-type]
+    processor, _ = start(processors, config, tokenizer, client=nowhere)
     followed = followed_request(tokenizer)
     processor.follow(followed)
     processor.put(followed, EngineOutput(followed.request.request_id, tokenizer.encode(" a", add_special_tokens=False)))
