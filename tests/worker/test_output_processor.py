@@ -101,6 +101,16 @@ def followed_request(tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple
     return followed
 
 
+def put_during_a_pass(
+    processor: GatedProcessor, followed: FollowedRequest, held: EngineOutput, arriving: EngineOutput
+) -> None:
+    """Follows `followed` and puts `held`, then `arriving` while the pass that took `held` waits at its start."""
+    processor.follow(followed)
+    processor.put(followed, held)
+    assert processor.in_pass.wait(5)
+    processor.put(followed, arriving)
+
+
 def events(client: redis.Redis, config: Config, followed: FollowedRequest) -> list[StreamEvent]:
     key = RedisKeys(config.redis_prefix).request_stream(followed.request.request_id)
     return [StreamEvent.from_dict(json.loads(fields[b"event"])) for _, fields in client.xrange(key)]
@@ -164,10 +174,9 @@ def test_forget_returns_after_the_running_pass_and_nothing_is_written_after_it(
 ) -> None:
     processor, client = start(processors, config, tokenizer, GatedProcessor)
     followed = followed_request(tokenizer)
-    processor.follow(followed)
-    processor.put(followed, EngineOutput(followed.request.request_id, tokenizer.encode(" a", add_special_tokens=False)))
-    assert processor.in_pass.wait(5)
-    processor.put(followed, EngineOutput(followed.request.request_id, tokenizer.encode(" b", add_special_tokens=False)))
+    a, b = (tokenizer.encode(text, add_special_tokens=False) for text in (" a", " b"))
+    request_id = followed.request.request_id
+    put_during_a_pass(processor, followed, EngineOutput(request_id, a), EngineOutput(request_id, b))
     forgetting = threading.Thread(target=processor.forget, args=(followed,))
     forgetting.start()
     forgetting.join(0.2)
@@ -187,10 +196,9 @@ def test_outputs_that_arrive_while_a_request_ends_are_never_written(
     processor, client = start(processors, config, tokenizer, GatedProcessor)
     followed = followed_request(tokenizer, n=2)
     first, second = followed.choices
-    processor.follow(followed)
-    processor.put(followed, EngineOutput(second, [], error="the engine step failed"))
-    assert processor.in_pass.wait(5)
-    processor.put(followed, EngineOutput(first, tokenizer.encode(" a", add_special_tokens=False)))  # still running
+    failed = EngineOutput(second, [], error="the engine step failed")
+    still_running = EngineOutput(first, tokenizer.encode(" a", add_special_tokens=False))
+    put_during_a_pass(processor, followed, failed, still_running)
     processor.gate.set()
     assert followed.done.wait(5)
     processor.forget(followed)  # the handler's, before it writes the FINAL event
@@ -202,9 +210,13 @@ def test_one_requests_bad_output_fails_only_that_request(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
     processor, client = start(processors, config, tokenizer, GatedProcessor)
-    broken, healthy = followed_request(tokenizer), followed_request(tokenizer)
+    holder, broken, healthy = (followed_request(tokenizer) for _ in range(3))
     processor.follow(broken)
     processor.follow(healthy)
+    # while the holder's pass waits, both outputs queue up, so the next pass takes them together
+    put_during_a_pass(
+        processor, holder, EngineOutput(holder.request.request_id, [1]), EngineOutput(holder.request.request_id, [2])
+    )
     processor.put(broken, EngineOutput("not-one-of-its-choices", [1]))
     processor.put(healthy, EngineOutput(healthy.request.request_id, [1], FinishReason.LENGTH))
     processor.gate.set()
@@ -218,10 +230,10 @@ def test_stop_writes_what_has_arrived_first(
 ) -> None:
     processor, _ = start(processors, config, tokenizer, GatedProcessor)
     followed = followed_request(tokenizer)
-    processor.follow(followed)
-    processor.put(followed, EngineOutput(followed.request.request_id, [1]))
-    assert processor.in_pass.wait(5)
-    processor.put(followed, EngineOutput(followed.request.request_id, [], FinishReason.ABORT))
+    request_id = followed.request.request_id
+    put_during_a_pass(
+        processor, followed, EngineOutput(request_id, [1]), EngineOutput(request_id, [], FinishReason.ABORT)
+    )
     processor.stop()
     processor.gate.set()
     assert followed.done.wait(5)
