@@ -36,9 +36,9 @@ from bench.workload import BenchRequest, WorkloadSpec
 from scripts.stack import Stack
 from tasks.config import Config
 from tasks.messages import SamplingParams
-from worker.continuous_engine import ContinuousEngine
-from worker.engine import BULK_PRIORITY, EngineOutput, EngineRequest
-from worker.model_runner import ModelRunner
+from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.interface import BULK_PRIORITY, EngineOutput, EngineRequest
+from worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger("bench.batch_throughput")
 TARGET_RATIO = 0.8

@@ -20,9 +20,9 @@ from bench.workload import WorkloadSpec, make_workload
 from tasks.config import Config
 from tasks.logs import configure_logging
 from tasks.messages import SamplingParams
-from worker.continuous_engine import ContinuousEngine
-from worker.engine import EngineRequest
-from worker.model_runner import ModelRunner
+from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.interface import EngineRequest
+from worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

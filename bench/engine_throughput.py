@@ -35,7 +35,7 @@ from bench.metrics import NAIVE_KEY, RunResult, Summary, format_table, summarize
 from bench.steerbatch_engine import SteerbatchEngine
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import Config
-from worker.model_runner import DTYPES, ModelRunner, read_eos_token_ids
+from worker.engine.model_runner import DTYPES, ModelRunner, read_eos_token_ids
 
 logger = logging.getLogger("bench.engine_throughput")
 

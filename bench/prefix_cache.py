@@ -24,7 +24,7 @@ from bench.steerbatch_engine import SteerbatchEngine
 from bench.workload import BenchRequest, poisson_arrivals
 from tasks.config import Config
 from tasks.logs import configure_logging
-from worker.model_runner import ModelRunner
+from worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

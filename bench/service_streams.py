@@ -27,7 +27,7 @@ from bench.steerbatch_engine import SteerbatchEngine
 from bench.workload import BenchRequest, WorkloadSpec
 from scripts.stack import Stack
 from tasks.config import Config
-from worker.model_runner import ModelRunner
+from worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger("bench.service_streams")
 

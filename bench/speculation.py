@@ -33,7 +33,7 @@ from bench.workload import BenchRequest
 from scripts.tiny_corpus import NAMES, build_story
 from tasks.config import Config
 from tasks.logs import configure_logging
-from worker.model_runner import ModelRunner
+from worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 OPEN_LEN = 64

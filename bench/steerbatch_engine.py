@@ -1,4 +1,4 @@
-"""Engine (iv): steerbatch's engine behind `worker.engine.Engine`, fed at arrival times from a feeder thread.
+"""Engine (iv): steerbatch's engine behind `worker.engine.interface.Engine`, fed at arrival times from a feeder thread.
 
 Token times are stamped with `time.perf_counter()` in the output callback, which the engine calls from its own
 thread as each step's tokens come out.
@@ -14,10 +14,10 @@ from bench.metrics import RequestTrace, RunResult
 from bench.workload import BenchRequest, Feeder
 from tasks.config import Config
 from tasks.messages import SamplingParams
-from worker.continuous_engine import ContinuousEngine
-from worker.engine import EngineOutput, EngineRequest
-from worker.engine_stats import EngineStats
-from worker.model_runner import ModelRunner
+from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.interface import EngineOutput, EngineRequest
+from worker.engine.model_runner import ModelRunner
+from worker.engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import REPO_ROOT, Config
 from tasks.messages import SamplingParams
 from tasks.steering_messages import SteeringFeature, SteeringSpec
-from worker.continuous_engine import ContinuousEngine
-from worker.engine import EngineOutput, EngineRequest
-from worker.model_runner import ModelRunner
+from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.interface import EngineOutput, EngineRequest
+from worker.engine.model_runner import ModelRunner
 
 logger = logging.getLogger("bench.steering_cost")
 

@@ -35,10 +35,10 @@ class Config:
     kv_block_size: int = 0  # tokens per KV block; 0: 256 for flash-attn's paged kernels, else 16
     kv_cache_tokens: int = 0  # KV pool size; 0: from kv_cache_memory_fraction on cuda, max_num_seqs x context on cpu
     kv_cache_memory_fraction: float = 0.85  # of the device memory left free after loading the model (cuda)
-    # On CPU in float32, decode attention runs in a small C kernel (worker/paged_decode.c) that the system compiler
-    # builds once per machine; off, or with no compiler, it gathers each row's blocks and uses batched matmuls.
+    # On CPU in float32, decode attention runs in a small C kernel (worker/kernels/paged_decode.c) that the system
+    # compiler builds once per machine; off, or with no compiler, it gathers each row's blocks and uses batched matmuls.
     cpu_decode_kernel: bool = True
-    # torch.compile the model's forward around our attention op (worker/compiled_forward.py): on CPU a step loses
+    # torch.compile the model's forward around our attention op (worker/engine/compiled_forward.py): on CPU a step loses
     # most of HF's per-operator Python, after some tens of seconds of compiling in the first steps of each shape class.
     torch_compile: bool = False
     enable_prefix_caching: bool = True  # requests share the KV blocks of a common prefix (system prompts)

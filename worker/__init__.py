@@ -1,1 +1,1 @@
-"""The GPU worker: Celery entry, the engine thread, the model runner and the sampler."""
+"""The GPU worker: `app` is its Celery entry; `engine/` runs the model, `serving/` is the Celery side around it."""

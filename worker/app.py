@@ -16,12 +16,12 @@ from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
 from tasks.messages import GenerateRequest
 from tasks.streams import connect_redis
-from worker.bulk import BulkRuntime, start_bulk
-from worker.continuous_engine import ContinuousEngine
-from worker.generation import GenerationHandler
-from worker.lease import WorkerLease
-from worker.model_runner import ModelRunner
-from worker.steering_sync import SteeringSync
+from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.model_runner import ModelRunner
+from worker.serving.bulk import BulkRuntime, start_bulk
+from worker.serving.generation import GenerationHandler
+from worker.serving.lease import WorkerLease
+from worker.serving.steering_sync import SteeringSync
 
 logger = logging.getLogger(__name__)
 config = Config.from_env()

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from tasks.config import Config
 from tests.worker.engine_harness import SHORT_MAX_MODEL_LEN, load_runner, serve
-from worker.continuous_engine import ContinuousEngine
-from worker.model_runner import ModelRunner
+from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.model_runner import ModelRunner
 
 
 @pytest.fixture(scope="session")

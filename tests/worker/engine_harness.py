@@ -13,9 +13,9 @@ from transformers import PreTrainedModel
 from tasks.config import Config
 from tasks.messages import SamplingParams
 from tasks.steering_messages import MonitorSpec, SteeringSpec
-from worker.continuous_engine import ContinuousEngine
-from worker.engine import EngineOutput, EngineRequest
-from worker.model_runner import ModelRunner
+from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.interface import EngineOutput, EngineRequest
+from worker.engine.model_runner import ModelRunner
 
 TIMEOUT_S = 60
 SHORT_MAX_MODEL_LEN = 12

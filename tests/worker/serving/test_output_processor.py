@@ -1,0 +1,252 @@
+"""The output processor on a real Redis and the tiny model's tokenizer, fed engine outputs directly."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from transformers import PreTrainedTokenizerFast
+
+from tasks.config import Config
+from tasks.messages import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
+from tasks.streams import RedisKeys
+from tests.conftest import free_port
+from worker.engine.interface import EngineOutput
+from worker.serving.output_processor import FollowedRequest, OutputProcessor
+from worker.text.choice import Choice, engine_request_id
+from worker.text.steering_report import REQUEST, SteeringReport
+from worker.text.text_stream import TextStream
+
+
+class CancelRecorder:
+    """Stands in for the engine, of which the processor calls only `cancel`."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def config(redis_url: str) -> Iterator[Config]:
+    config = Config(redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:")
+    yield config
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(f"{config.redis_prefix}*"):
+        client.delete(key)
+
+
+class GatedProcessor(OutputProcessor):
+    """Holds each pass at its start until the test opens the gate: to act while a pass runs."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.in_pass = threading.Event()
+        self.gate = threading.Event()
+
+    def _process(self, taken: list) -> None:  # type: ignore[type-arg]
+        self.in_pass.set()
+        self.gate.wait(10)
+        super()._process(taken)
+
+
+@pytest.fixture
+def processors() -> Iterator[list[OutputProcessor]]:
+    """Processors a test starts, stopped whatever the test's outcome."""
+    started: list[OutputProcessor] = []
+    yield started
+    for processor in started:
+        processor.stop()
+
+
+def start(
+    processors: list[OutputProcessor],
+    config: Config,
+    tokenizer: PreTrainedTokenizerFast,
+    kind: type[OutputProcessor] = OutputProcessor,
+    engine: CancelRecorder | None = None,
+    client: redis.Redis | None = None,
+) -> tuple[Any, redis.Redis]:
+    """A started processor of `kind` writing through `client` (default: to the test's Redis), and that client."""
+    client = client or redis.Redis.from_url(config.redis_url)
+    processor = kind(client, config, tokenizer, engine or CancelRecorder())  # type: ignore[arg-type]
+    processor.start()
+    processors.append(processor)
+    return processor, client
+
+
+def followed_request(tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple[str, ...] = ()) -> FollowedRequest:
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    prompt = tokenizer.encode("the cat")
+    request = GenerateRequest(request_id, Endpoint.COMPLETIONS, "tiny", prompt, SamplingParams(16, stop=stop), 0, n=n)
+    followed = FollowedRequest(request, SteeringReport(request_id, None, REQUEST))
+    for index in range(n):
+        choice_id = engine_request_id(request, index)
+        followed.choices[choice_id] = Choice(
+            index, choice_id, TextStream(tokenizer, prompt, stop), wants_logprobs=False
+        )
+    return followed
+
+
+def put_during_a_pass(
+    processor: GatedProcessor, followed: FollowedRequest, held: EngineOutput, arriving: EngineOutput
+) -> None:
+    """Follows `followed` and puts `held`, then `arriving` while the pass that took `held` waits at its start."""
+    processor.follow(followed)
+    processor.put(followed, held)
+    assert processor.in_pass.wait(5)
+    processor.put(followed, arriving)
+
+
+def events(client: redis.Redis, config: Config, followed: FollowedRequest) -> list[StreamEvent]:
+    key = RedisKeys(config.redis_prefix).request_stream(followed.request.request_id)
+    return [StreamEvent.from_dict(json.loads(fields[b"event"])) for _, fields in client.xrange(key)]
+
+
+def test_outputs_before_and_after_follow_reach_each_stream_in_order(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, client = start(processors, config, tokenizer)
+    first, second = followed_request(tokenizer), followed_request(tokenizer, n=2)
+    ids = tokenizer.encode(" a small dog", add_special_tokens=False)
+    second_ids = list(second.choices)
+    processor.put(first, EngineOutput(first.request.request_id, ids[:1]))
+    time.sleep(0.2)
+    assert events(client, config, first) == []  # held until the request is followed
+    processor.follow(first)
+    processor.follow(second)
+    processor.put(first, EngineOutput(first.request.request_id, ids[1:], FinishReason.LENGTH))
+    processor.put(second, EngineOutput(second_ids[1], ids, FinishReason.STOP))
+    assert not second.done.wait(0.2)  # choice 0 has not ended
+    processor.put(second, EngineOutput(second_ids[0], ids[:2], FinishReason.LENGTH))
+    assert first.done.wait(5) and second.done.wait(5)
+
+    assert first.failure is None and first.error is None and first.has_ended
+    first_events = events(client, config, first)
+    assert [event.type for event in first_events] == [EventType.DELTA, EventType.DELTA]
+    assert [token_id for event in first_events for token_id in event.token_ids] == ids
+    assert "".join(event.text for event in first_events) == tokenizer.decode(ids)
+    second_events = events(client, config, second)
+    assert [(event.index, event.finish_reason) for event in second_events] == [(1, FinishReason.STOP), (0, None)]
+
+
+def test_a_stop_string_ends_the_choice_and_cancels_it_in_the_engine(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    engine = CancelRecorder()
+    processor, client = start(processors, config, tokenizer, engine=engine)
+    followed = followed_request(tokenizer, stop=("dog",))
+    processor.follow(followed)
+    for token_id in tokenizer.encode(" a small dog runs", add_special_tokens=False):
+        processor.put(followed, EngineOutput(followed.request.request_id, [token_id]))
+    assert followed.done.wait(5)
+    assert engine.cancelled == [followed.request.request_id]
+    assert "".join(event.text for event in events(client, config, followed)) == " a small "
+
+
+def test_an_engine_error_ends_the_request_with_it(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, _ = start(processors, config, tokenizer)
+    followed = followed_request(tokenizer, n=2)
+    processor.follow(followed)
+    processor.put(followed, EngineOutput(list(followed.choices)[1], [], error="the engine step failed"))
+    assert followed.done.wait(5)
+    assert followed.error is not None and followed.error.message == "the engine step failed"
+    assert followed.failure is None
+
+
+def test_forget_returns_after_the_running_pass_and_nothing_is_written_after_it(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, client = start(processors, config, tokenizer, GatedProcessor)
+    followed = followed_request(tokenizer)
+    a, b = (tokenizer.encode(text, add_special_tokens=False) for text in (" a", " b"))
+    request_id = followed.request.request_id
+    put_during_a_pass(processor, followed, EngineOutput(request_id, a), EngineOutput(request_id, b))
+    forgetting = threading.Thread(target=processor.forget, args=(followed,))
+    forgetting.start()
+    forgetting.join(0.2)
+    assert forgetting.is_alive()  # waits for the pass that holds the request's outputs
+    processor.gate.set()
+    forgetting.join(5)
+    written = events(client, config, followed)
+    assert [event.text for event in written] == [" a"]
+    processor.put(followed, EngineOutput(followed.request.request_id, [1], FinishReason.LENGTH))
+    time.sleep(0.2)
+    assert events(client, config, followed) == written and not followed.done.is_set()
+
+
+def test_outputs_that_arrive_while_a_request_ends_are_never_written(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, client = start(processors, config, tokenizer, GatedProcessor)
+    followed = followed_request(tokenizer, n=2)
+    first, second = followed.choices
+    failed = EngineOutput(second, [], error="the engine step failed")
+    still_running = EngineOutput(first, tokenizer.encode(" a", add_special_tokens=False))
+    put_during_a_pass(processor, followed, failed, still_running)
+    processor.gate.set()
+    assert followed.done.wait(5)
+    processor.forget(followed)  # the handler's, before it writes the FINAL event
+    time.sleep(0.2)
+    assert events(client, config, followed) == []
+
+
+def test_one_requests_bad_output_fails_only_that_request(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, client = start(processors, config, tokenizer, GatedProcessor)
+    holder, broken, healthy = (followed_request(tokenizer) for _ in range(3))
+    processor.follow(broken)
+    processor.follow(healthy)
+    # while the holder's pass waits, both outputs queue up, so the next pass takes them together
+    put_during_a_pass(
+        processor, holder, EngineOutput(holder.request.request_id, [1]), EngineOutput(holder.request.request_id, [2])
+    )
+    processor.put(broken, EngineOutput("not-one-of-its-choices", [1]))
+    processor.put(healthy, EngineOutput(healthy.request.request_id, [1], FinishReason.LENGTH))
+    processor.gate.set()
+    assert broken.done.wait(5) and healthy.done.wait(5)
+    assert isinstance(broken.failure, KeyError) and healthy.failure is None
+    assert len(events(client, config, healthy)) == 1 and processor.is_alive()
+
+
+def test_stop_writes_what_has_arrived_first(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, _ = start(processors, config, tokenizer, GatedProcessor)
+    followed = followed_request(tokenizer)
+    request_id = followed.request.request_id
+    put_during_a_pass(
+        processor, followed, EngineOutput(request_id, [1]), EngineOutput(request_id, [], FinishReason.ABORT)
+    )
+    processor.stop()
+    processor.gate.set()
+    assert followed.done.wait(5)
+    assert next(iter(followed.choices.values())).finish_reason == FinishReason.ABORT
+
+
+def test_events_redis_refuses_fail_their_requests(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    nowhere = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    processor, _ = start(processors, config, tokenizer, client=nowhere)
+    followed = followed_request(tokenizer)
+    processor.follow(followed)
+    processor.put(followed, EngineOutput(followed.request.request_id, tokenizer.encode(" a", add_special_tokens=False)))
+    assert followed.done.wait(10)
+    assert isinstance(followed.failure, redis.RedisError) and processor.is_alive()

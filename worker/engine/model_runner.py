@@ -1,0 +1,193 @@
+"""Loads the HF causal LM once, allocates the KV pool, and runs one packed forward pass per engine step."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from scheduler.batch import Batch
+from steering.batch_hooks import BatchHooks
+from tasks.config import Config
+from tasks.steering_messages import MonitoredPosition
+from worker.engine.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
+from worker.engine.cpu_weight_layout import store_linear_weights_column_major
+from worker.engine.kv_pool import KVPool, KVShape, num_pool_tokens
+from worker.engine.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_available, register_paged_attention
+from worker.engine.paged_step import PagedStep, build_paged_step
+from worker.engine.sampler import Argmax, torch_argmax
+from worker.engine.speculation.draft_weights import load_draft_weights
+from worker.kernels.cpu_decode_kernel import load_cpu_decode_kernel
+from worker.steering.request_sae import RequestSAE
+from worker.steering.sae_attachments import SAEAttachments
+from worker.steering.steering_plan import build_step_plan, read_monitored
+from worker.steering.worker_monitor import WorkerMonitor
+
+logger = logging.getLogger(__name__)
+
+SDPA_BLOCK_SIZE = 16
+FLASH_BLOCK_SIZE = 256  # flash-attn 2 requires paged KV blocks of a multiple of 256 tokens
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    logits: torch.Tensor  # [S, V] float: one row per sampling chunk
+    monitored: dict[str, list[MonitoredPosition]]  # by request id: positions its monitor read this step
+
+
+def read_eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config, model.config):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(token_id) for token_id in value)
+    return frozenset(ids)
+
+
+class ModelRunner:
+    """Owns the model and the KV pool on one device; every method must be called from the engine thread."""
+
+    def __init__(self, config: Config) -> None:
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu" and config.cpu_threads > 0:
+            torch.set_num_threads(config.cpu_threads)
+        register_paged_attention()
+        self.attention_backend = FLASH_BACKEND if is_flash_available(self.device) else SDPA_BACKEND
+        started = time.perf_counter()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            config.model, dtype=self.dtype, attn_implementation=self.attention_backend
+        )
+        self.model.to(self.device).eval()
+        self.eos_token_ids = read_eos_token_ids(self.model)
+        self.max_model_len = config.max_model_len or int(self.model.config.max_position_embeddings)
+        self.draft_model: PreTrainedModel | None = None  # SPECULATIVE_DRAFT_MODEL's, with its own pool of our blocks
+        if config.speculative_draft_model:
+            self.draft_model = load_draft_weights(
+                config.speculative_draft_model,
+                self.model.config,
+                self.device,
+                self.dtype,
+                self.attention_backend,
+                self.max_model_len,
+            )
+        if self.device.type == "cpu" and torch.backends.mkl.is_available():  # measured with MKL's GEMMs only
+            for model in (self.model, self.draft_model):
+                if model is not None:
+                    store_linear_weights_column_major(model)
+        self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config)
+        kernel = self.kv_pool.decode_kernel
+        self.argmax: Argmax = kernel.argmax if kernel is not None else torch_argmax  # of the logits run() returns
+        self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
+        self._hooks = BatchHooks(self.model)
+        self._compiled: CompiledLogits | None = None
+        self._is_compiled_warm = False
+        if config.torch_compile and self.device.type == "cpu":  # measured on CPU only; CUDA would want CUDA graphs
+            self._compiled = compile_model(self.model)
+            warm_up(self.run, self.kv_pool)
+            self._is_compiled_warm = True
+        elif config.torch_compile:
+            logger.warning("TORCH_COMPILE is for CPU workers; this %s worker runs eager", self.device.type)
+        logger.info(
+            "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s%s",
+            config.model,
+            self.device,
+            self.dtype,
+            self.model.num_parameters() / 1e6,
+            time.perf_counter() - started,
+            self.max_model_len,
+            sorted(self.eos_token_ids),
+            self.attention_backend,
+            " with the CPU decode kernel" if self.kv_pool.decode_kernel is not None else "",
+        )
+
+    @property
+    def is_flash(self) -> bool:
+        return self.attention_backend == FLASH_BACKEND
+
+    def _allocate_kv_pools(self, config: Config) -> tuple[KVPool, KVPool | None]:
+        """The target's pool and, with a draft model, the draft's: the same blocks (a request's block table
+        addresses both), sized together so that both fit."""
+        block_size = config.kv_block_size or (FLASH_BLOCK_SIZE if self.is_flash else SDPA_BLOCK_SIZE)
+        if self.is_flash and block_size % FLASH_BLOCK_SIZE:
+            raise ValueError(f"flash-attn's paged kernels need KV_BLOCK_SIZE to be a multiple of {FLASH_BLOCK_SIZE}")
+        shapes = [KVShape.of(model.config) for model in (self.model, self.draft_model) if model is not None]
+        bytes_per_token = sum(shape.bytes_per_token(self.dtype) for shape in shapes)
+        num_tokens = num_pool_tokens(config, bytes_per_token, self.device, self.max_model_len)
+        num_blocks = num_tokens // block_size
+        if num_blocks < 1:
+            raise ValueError(f"the KV pool holds {num_tokens} tokens, less than one block of {block_size}")
+        kernel = None
+        if self.device.type == "cpu" and self.dtype == torch.float32 and config.cpu_decode_kernel:
+            kernel = load_cpu_decode_kernel()
+        pools = [
+            KVPool(shape, num_blocks, block_size, self.dtype, self.device, not self.is_flash, kernel)
+            for shape in shapes
+        ]
+        logger.info(
+            "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB, the draft's included)",
+            num_blocks,
+            block_size,
+            num_blocks * block_size,
+            sum(pool.num_bytes for pool in pools) / 2**20,
+        )
+        return pools[0], pools[1] if len(pools) > 1 else None
+
+    @torch.inference_mode()
+    def run(
+        self,
+        batch: Batch,
+        rows: Sequence[RequestSAE | None] | None = None,
+        worker_monitor: WorkerMonitor | None = None,
+    ) -> StepOutput:
+        """One forward pass over every scheduled chunk, with each chunk's request's steering and monitor (`rows`,
+        one per chunk; None: none steer or monitor) and the worker-wide monitor carried out by the SAE hooks."""
+        step = build_paged_step(batch, self.kv_pool, self.device, for_flash=self.is_flash)
+        rows = [None] * len(batch.chunks) if rows is None else rows
+        plan, slices = build_step_plan(batch.chunks, step.token_rows, rows, worker_monitor, self.dtype)
+        if plan is not None:
+            self._hooks.set_step(plan)
+        try:
+            if self._compiled is not None and plan is None:
+                self._hooks.close()  # the graph is traced without hooks, and its guards skip modules: leave it none
+                logits = compiled_forward(self._compiled, step, self.kv_pool, self._is_compiled_warm)
+            else:
+                logits = paged_forward(self.model, step, self.kv_pool)
+            results = self._hooks.take_monitor_results()
+        finally:
+            self._hooks.clear()
+        return StepOutput(logits, read_monitored(results, slices))
+
+
+def paged_forward(model: PreTrainedModel, step: PagedStep, kv_pool: KVPool) -> torch.Tensor:
+    """The logits [S, V] (float) at the step's logits indices; our attention reads and writes `kv_pool`."""
+    output = model(
+        input_ids=step.input_ids,
+        position_ids=step.position_ids,
+        use_cache=False,
+        logits_to_keep=step.logits_indices,
+        paged_step=step,
+        kv_pool=kv_pool,
+    )
+    return output.logits[0].float()

@@ -1,0 +1,68 @@
+"""Each sampling chunk's new tokens from the step's logits: the sampler for plain rows, verification (greedy, or
+rejection sampling) for rows that carried proposed tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from scheduler.batch import ScheduledChunk
+from scheduler.request import Request
+from tasks.messages import TokenLogprob
+from worker.engine.sampler import Argmax, SamplingRow, sample, sampling_probs, torch_argmax
+from worker.engine.speculation.speculator import verify_greedy, verify_sampled
+
+
+@dataclass(frozen=True)
+class Verification:
+    request_id: str
+    num_proposed: int
+    num_accepted: int
+
+
+@dataclass(frozen=True)
+class StepTokens:
+    token_ids: list[list[int]]  # per sampling chunk: accepted proposed tokens, then one new token
+    logprobs: list[TokenLogprob | None]  # per sampling chunk (rows that speculate never ask for logprobs)
+    verifications: list[Verification]
+
+
+def pick_tokens(
+    chunks: list[ScheduledChunk],
+    logits: torch.Tensor,  # [sum of chunks' num_logits, V]
+    sampling_row: Callable[[Request], SamplingRow],
+    argmax: Argmax = torch_argmax,
+) -> StepTokens:
+    first_rows, row = [], 0
+    for chunk in chunks:
+        first_rows.append(row)
+        row += chunk.num_logits
+    plain = [i for i, chunk in enumerate(chunks) if not chunk.num_spec_tokens]
+    if len(plain) == logits.shape[0]:  # no proposed tokens this step: the logits are the plain rows, in order
+        plain_logits = logits
+    else:
+        index = torch.tensor([first_rows[i] for i in plain], dtype=torch.long, device=logits.device)
+        plain_logits = logits.index_select(0, index)
+    sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain], argmax)
+    token_ids: list[list[int]] = [[] for _ in chunks]
+    logprobs: list[TokenLogprob | None] = [None] * len(chunks)
+    for position, i in enumerate(plain):
+        token_ids[i], logprobs[i] = [sampled.token_ids[position]], sampled.logprobs[position]
+    verifications = []
+    for i, chunk in enumerate(chunks):
+        if chunk.num_spec_tokens:
+            proposed = chunk.token_ids[-chunk.num_spec_tokens :]
+            rows = logits[first_rows[i] : first_rows[i] + chunk.num_logits]  # [k + 1, V]
+            token_ids[i] = verify(rows, proposed, sampling_row(chunk.request))
+            verifications.append(Verification(chunk.request.request_id, len(proposed), len(token_ids[i]) - 1))
+    return StepTokens(token_ids, logprobs, verifications)
+
+
+def verify(logits: torch.Tensor, proposed: list[int], row: SamplingRow) -> list[int]:
+    """Greedy rows keep what the argmax agrees with; sampled rows follow the rejection-sampling rule."""
+    if row.params.is_greedy:
+        return verify_greedy(logits, proposed)
+    probs = sampling_probs(logits, [row.params] * logits.shape[0])  # [k + 1, V]
+    return verify_sampled(probs, proposed, row.generator)

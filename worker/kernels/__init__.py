@@ -1,0 +1,1 @@
+"""Compiled attention kernels the engine calls: the CPU paged-decode kernel (C, built once per machine)."""

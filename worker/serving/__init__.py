@@ -1,0 +1,2 @@
+"""The Celery side of a worker: task handlers for chat and batch chunks, the output processor, flag watchers, the
+lease, steering sync."""

@@ -1,0 +1,174 @@
+"""One generate task in a Celery thread: claim it, run it on the engine (the output processor streams its events),
+record the result."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from tasks.finish import finish_request
+from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, UsageDetails
+from tasks.models import TERMINAL_STATUSES, RequestStatus
+from tasks.steering_messages import SteeringSpec
+from tasks.steering_store import read_profile
+from tasks.store import claim_request
+from tasks.streams import append_event, is_cancel_requested
+from worker.serving.cancel_watcher import CancelWatcher
+from worker.serving.output_processor import FollowedRequest, OutputProcessor
+from worker.serving.task_runner import TaskRunner
+from worker.text.choice import Choice, engine_request_id, start_choice
+from worker.text.steering_report import PROFILE, REQUEST, SteeringReport
+
+logger = logging.getLogger(__name__)
+ENGINE_CHECK_S = 0.05  # how often a request's thread checks that the engine still runs
+
+
+@dataclass(frozen=True)
+class Outcome:
+    choices: list[ChoiceResult]
+    completion_tokens: int  # over all choices, as OpenAI's usage counts them
+    error: ErrorInfo | None = None
+    steering: dict[str, Any] | None = None  # the steering that ran, and whether the request or the profile set it
+    monitor: dict[str, Any] | None = None  # choice 0's monitored positions
+    usage_details: UsageDetails = field(default_factory=UsageDetails)
+
+    @classmethod
+    def ended(cls, finish_reason: FinishReason | None, error: ErrorInfo | None = None) -> Outcome:
+        """An outcome with nothing generated."""
+        return cls([ChoiceResult(0, "", finish_reason)], 0, error)
+
+
+class GenerationHandler(TaskRunner):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancels = CancelWatcher(self.redis, self.config)
+        self.cancels.start()
+        self.outputs = OutputProcessor(self.redis, self.config, self.tokenizer, self.engine)
+        self.outputs.start()
+
+    def close(self) -> None:
+        self.cancels.stop()
+        self.outputs.stop()
+
+    def handle(self, request: GenerateRequest) -> None:
+        if not self._claim(request):
+            return
+        try:
+            if is_cancel_requested(self.redis, self.config, request.request_id):
+                outcome = Outcome.ended(FinishReason.ABORT)
+            else:
+                self._emit(request.request_id, StreamEvent(EventType.START))
+                outcome = self._run(request)
+        except Exception:
+            # Redis or the database failed mid-request: still leave exactly one result, if they let us.
+            logger.exception("request %s failed in the worker", request.request_id)
+            outcome = Outcome.ended(None, ErrorInfo("The worker failed while generating.", "server_error"))
+        self._finish(request, outcome)
+
+    def _claim(self, request: GenerateRequest) -> bool:
+        """False when there is nothing to run: unknown, already finished, or redelivered after a worker died."""
+        with self.sessions() as session:
+            previous = claim_request(session, request.request_id, self.worker)
+        if previous is None:
+            logger.warning("request %s is not in the database; dropping it", request.request_id)
+            return False
+        if previous in TERMINAL_STATUSES:
+            logger.info("request %s already finished; skipping the redelivery", request.request_id)
+            return False
+        if previous == RequestStatus.RUNNING:
+            # A worker took it and died: rerunning could repeat text a client has already seen.
+            error = ErrorInfo("The worker running this request stopped mid-generation.", "server_error")
+            self._finish(request, Outcome.ended(None, error))
+            return False
+        return True
+
+    def _run(self, request: GenerateRequest) -> Outcome:
+        steering, source = self._steering_for(request)
+        report = SteeringReport(engine_request_id(request, 0), request.monitor, source)
+        followed = FollowedRequest(request, report)
+        on_output = partial(self.outputs.put, followed)
+
+        def on_cancel(_: bool) -> None:
+            self._cancel(followed)
+
+        try:
+            for index in range(request.n):  # started one by one, so a failed submit still cancels those before it
+                choice = start_choice(self.engine, self.tokenizer, request, index, on_output, steering)
+                followed.choices[choice.engine_request_id] = choice
+            self.cancels.watch(request.request_id, on_cancel)
+            self.outputs.follow(followed)
+            error = self._wait(followed)
+        finally:
+            self.cancels.forget(request.request_id, on_cancel)
+            self.outputs.forget(followed)  # from here on the choices are ours alone to read
+            self._cancel(followed)  # a no-op for choices the engine has finished
+        outcome = _outcome(list(followed.choices.values()), error)
+        return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
+
+    def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, str]:
+        """The request's own steering, else the worker-wide profile (read per request, so a PUT applies at once)."""
+        if request.steering is not None:
+            return request.steering, REQUEST
+        return read_profile(self.redis, self.config), PROFILE
+
+    def _cancel(self, followed: FollowedRequest) -> None:
+        for choice_id in followed.choices:
+            self.engine.cancel(choice_id)
+
+    def _wait(self, followed: FollowedRequest) -> ErrorInfo | None:
+        """Until the output processor has streamed every choice to its end (a cancel flag reaches the engine
+        through the watcher, whose abort outputs end the choices); the error that ended the request, if any."""
+        while not followed.done.wait(ENGINE_CHECK_S):
+            if not self.engine.is_alive():
+                return ErrorInfo("The engine stopped.", "server_error")
+            if not self.outputs.is_alive():
+                return ErrorInfo("The worker's output processor stopped.", "server_error")
+        if followed.failure is not None:
+            raise followed.failure
+        return followed.error
+
+    def _emit(self, request_id: str, event: StreamEvent) -> None:
+        append_event(self.redis, self.config, request_id, event)
+
+    def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
+        with self.sessions() as session:
+            is_recorded = finish_request(
+                session,
+                self.redis,
+                self.config,
+                request.request_id,
+                text=outcome.choices[0].text,
+                completion_tokens=outcome.completion_tokens,
+                finish_reason=outcome.choices[0].finish_reason,
+                error=outcome.error,
+                logprobs=outcome.choices[0].logprobs,
+                extra_choices=[choice.to_dict() for choice in outcome.choices[1:]] or None,
+                steering=outcome.steering,
+                monitor=outcome.monitor,
+                usage_details=outcome.usage_details,
+            )
+        if not is_recorded:
+            logger.warning("request %s already had a result; this run's is dropped", request.request_id)
+            return
+        logger.info(
+            "request %s finished: %s, %d tokens",
+            request.request_id,
+            outcome.choices[0].finish_reason.value
+            if outcome.error is None and outcome.choices[0].finish_reason
+            else "error",
+            outcome.completion_tokens,
+        )
+
+
+def _outcome(choices: list[Choice], error: ErrorInfo | None = None) -> Outcome:
+    num_accepted = sum(choice.num_accepted_tokens for choice in choices)
+    details = UsageDetails(
+        cached_tokens=choices[0].num_cached_tokens,  # the prompt counts once in usage, so its cached part does too
+        accepted_prediction_tokens=num_accepted,
+        rejected_prediction_tokens=sum(choice.num_proposed_tokens for choice in choices) - num_accepted,
+    )
+    num_tokens = sum(choice.num_tokens for choice in choices)
+    return Outcome([choice.result() for choice in choices], num_tokens, error, usage_details=details)

@@ -1,0 +1,193 @@
+"""One thread per worker turns the engine outputs of every chat request in flight into stream events: it detokenizes
+them, applies stop strings, and writes every event that arrived since its last pass to Redis in one round trip.
+
+Each request's Celery thread used to wake for every engine output, detokenize it and send its own MULTI/XADD/EXPIRE/
+EXEC: as many wake-ups and round trips per engine step as requests in flight, all taking the GIL from the engine
+thread. Now a step's outputs cost one wake-up and one round trip, and a request's thread wakes once, when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import redis
+from transformers import PreTrainedTokenizerFast
+
+from tasks.config import Config
+from tasks.messages import ErrorInfo, EventType, GenerateRequest, StreamEvent
+from tasks.streams import RedisKeys, append_json_to_streams
+from worker.engine.interface import Engine, EngineOutput
+from worker.text.choice import Choice, ChoiceDelta
+from worker.text.steering_report import SteeringReport
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class FollowedRequest:
+    """A chat request's choices as the processor follows them. `done` is set once its events are in Redis and
+    every choice has ended, or a choice failed (`error`), or its events could not be written (`failure`)."""
+
+    request: GenerateRequest
+    report: SteeringReport  # the steering that ran and the positions monitored, gathered from choice 0's outputs
+    choices: dict[str, Choice] = field(default_factory=dict)  # by engine request id, in index order
+    error: ErrorInfo | None = None
+    failure: Exception | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    pending: list[EngineOutput] = field(default_factory=list)  # arrived, not yet applied (the processor's lock)
+    is_followed: bool = False  # the processor's lock: its outputs are applied from now on
+    is_forgotten: bool = False  # the processor's lock: its outputs are dropped from now on
+    is_in_pass: bool = False  # the processor's lock: a pass has taken outputs of it and not yet written their events
+
+    def apply(
+        self, outputs: list[EngineOutput], tokenizer: PreTrainedTokenizerFast, engine: Engine
+    ) -> list[StreamEvent]:
+        """The stream events `outputs` make; cancels a choice in the engine that a stop string ended first."""
+        events = []
+        for output in outputs:
+            choice = self.choices[output.request_id]
+            if choice.is_done:
+                continue  # the abort that follows a stop string
+            self.report.add(output)
+            delta = choice.apply(output, tokenizer)
+            if choice.error is not None:
+                self.error = ErrorInfo(choice.error, choice.error_type)
+                break
+            if (event := _delta_event(choice.index, delta)) is not None:
+                events.append(event)
+            if choice.is_done and output.finish_reason is None:
+                engine.cancel(choice.engine_request_id)
+        return events
+
+    @property
+    def has_ended(self) -> bool:
+        return self.error is not None or all(choice.is_done for choice in self.choices.values())
+
+
+def _delta_event(index: int, delta: ChoiceDelta) -> StreamEvent | None:
+    """Choice 0's finish reason rides on the FINAL event; the others end with their last DELTA."""
+    finish_reason = delta.finish_reason if index > 0 else None
+    if not (delta.text or delta.token_ids or finish_reason is not None):
+        return None
+    return StreamEvent(
+        EventType.DELTA,
+        text=delta.text,
+        token_ids=delta.token_ids,
+        logprobs=delta.logprobs,
+        index=index,
+        finish_reason=finish_reason,
+    )
+
+
+class OutputProcessor:
+    """`put` is the engine's output callback (any thread); `follow` starts applying a request's outputs, `forget`
+    stops it and returns once no event of the request is being written."""
+
+    def __init__(self, client: redis.Redis, config: Config, tokenizer: PreTrainedTokenizerFast, engine: Engine) -> None:
+        self._client = client
+        self._config = config
+        self._keys = RedisKeys(config.redis_prefix)
+        self._tokenizer = tokenizer
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._has_work = threading.Condition(self._lock)
+        self._pass_ended = threading.Condition(self._lock)
+        self._ready: dict[FollowedRequest, None] = {}  # followed requests with pending outputs, in arrival order
+        self._is_stopping = False
+        self._thread = threading.Thread(target=self._run, name="output-processor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread once every output that has arrived is applied and written (a stopping engine's aborts)."""
+        with self._lock:
+            self._is_stopping = True
+            self._has_work.notify_all()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def put(self, followed: FollowedRequest, output: EngineOutput) -> None:
+        with self._lock:
+            if followed.is_forgotten:
+                return
+            followed.pending.append(output)
+            if followed.is_followed and followed not in self._ready:
+                self._ready[followed] = None
+                self._has_work.notify()
+
+    def follow(self, followed: FollowedRequest) -> None:
+        """Outputs that arrived before this (the request's choices were still being submitted) are applied now."""
+        with self._lock:
+            followed.is_followed = True
+            if followed.pending:
+                self._ready[followed] = None
+                self._has_work.notify()
+
+    def forget(self, followed: FollowedRequest) -> None:
+        with self._lock:
+            if followed.is_forgotten:
+                return
+            followed.is_forgotten = True
+            self._ready.pop(followed, None)
+            self._pass_ended.wait_for(lambda: not followed.is_in_pass)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._has_work.wait_for(lambda: self._ready or self._is_stopping)
+                if not self._ready:
+                    return
+                taken = [(followed, followed.pending) for followed in self._ready]
+                for followed, _ in taken:
+                    followed.pending = []
+                    followed.is_in_pass = True
+                self._ready = {}
+            try:
+                self._process(taken)
+            except Exception as exc:  # a failure past one request's outputs fails the pass's requests, not the thread
+                logger.exception("a pass over %d requests' outputs failed", len(taken))
+                for followed, _ in taken:
+                    followed.failure = exc
+                    self._end(followed)
+            finally:
+                with self._lock:
+                    for followed, _ in taken:
+                        followed.is_in_pass = False
+                    self._pass_ended.notify_all()
+
+    def _process(self, taken: list[tuple[FollowedRequest, list[EngineOutput]]]) -> None:
+        """One transaction writes the pass's events, so a failed write fails every request that had events in it."""
+        entries: list[tuple[str, dict]] = []
+        written = []
+        for followed, outputs in taken:
+            try:
+                events = followed.apply(outputs, self._tokenizer, self._engine)
+            except Exception as exc:  # one request's bad output must not end the others'
+                logger.exception("request %s: applying its engine outputs failed", followed.request.request_id)
+                followed.failure = exc
+                self._end(followed)
+                continue
+            key = self._keys.request_stream(followed.request.request_id)
+            entries.extend((key, event.to_dict()) for event in events)
+            written.append(followed)
+        try:
+            if entries:
+                append_json_to_streams(self._client, self._config, entries)
+        except redis.RedisError as exc:
+            logger.warning("writing %d stream events of %d requests failed: %s", len(entries), len(written), exc)
+            for followed in written:
+                followed.failure = exc
+        for followed in written:
+            if followed.failure is not None or followed.has_ended:
+                self._end(followed)
+
+    def _end(self, followed: FollowedRequest) -> None:
+        with self._lock:
+            followed.is_forgotten = True
+            self._ready.pop(followed, None)  # outputs that arrived during this pass: nothing of it is written now
+            followed.pending.clear()
+        followed.done.set()

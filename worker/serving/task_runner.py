@@ -1,0 +1,30 @@
+"""What every Celery task thread of a worker runs with: the engine, the tokenizer, Redis, SQL and its own name."""
+
+from __future__ import annotations
+
+import redis
+from transformers import PreTrainedTokenizerFast
+
+from tasks.config import Config
+from tasks.db import SessionFactory
+from worker.engine.interface import Engine
+
+
+class TaskRunner:
+    """Base of the runners of chat requests and batch chunks."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerFast,
+        client: redis.Redis,
+        sessions: SessionFactory,
+        worker: str,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.redis = client
+        self.sessions = sessions
+        self.worker = worker  # the Celery node name, which claims requests and holds leases

@@ -1,0 +1,99 @@
+"""One of a request's `n` completions, as the task handler follows its engine outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerFast
+
+from tasks.messages import ChoiceResult, FinishReason, GenerateRequest
+from tasks.steering_messages import SteeringSpec
+from worker.engine.interface import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
+from worker.text.logprob_entries import logprob_entries
+from worker.text.text_stream import TextStream
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """What one engine output adds to a choice for the client; `finish_reason` once the choice has ended."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]]
+    finish_reason: FinishReason | None
+
+
+@dataclass
+class Choice:
+    index: int
+    engine_request_id: str
+    text_stream: TextStream
+    wants_logprobs: bool
+    num_tokens: int = 0
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    error_type: str = "server_error"  # OpenAI's error type: invalid_request_error when the engine refused the request
+    num_cached_tokens: int = 0
+    num_proposed_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def is_done(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+    def apply(self, output: EngineOutput, tokenizer: PreTrainedTokenizerFast) -> ChoiceDelta:
+        if output.error is not None:
+            self.error = output.error
+            self.error_type = "invalid_request_error" if output.is_request_error else "server_error"
+            return ChoiceDelta("", [], [], None)
+        self.num_tokens += len(output.new_token_ids)
+        # cumulative counts; an abort's output carries none of them
+        self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+        self.num_proposed_tokens = max(self.num_proposed_tokens, output.num_proposed_tokens)
+        self.num_accepted_tokens = max(self.num_accepted_tokens, output.num_accepted_tokens)
+        entries = logprob_entries(tokenizer, output.logprobs)
+        self.logprobs.extend(entries)
+        text = self.text_stream.push(output.new_token_ids)
+        if self.text_stream.is_stopped:
+            self.finish_reason = FinishReason.STOP
+        elif output.finish_reason is not None:
+            text += self.text_stream.flush()
+            self.finish_reason = output.finish_reason
+        return ChoiceDelta(text, output.new_token_ids, entries, self.finish_reason)
+
+    def result(self) -> ChoiceResult:
+        return ChoiceResult(
+            self.index, self.text_stream.text, self.finish_reason, self.logprobs if self.wants_logprobs else None
+        )
+
+
+def engine_request_id(request: GenerateRequest, index: int) -> str:
+    """Choice `index` of the request in the engine: the request's own id when it has one choice."""
+    return request.request_id if request.n == 1 else f"{request.request_id}#{index}"
+
+
+def start_choice(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerFast,
+    request: GenerateRequest,
+    index: int,
+    on_output: OutputCallback,
+    steering: SteeringSpec | None,
+    priority: int = INTERACTIVE_PRIORITY,
+) -> Choice:
+    """Choice i of n runs as its own engine request; a seeded request's choice i uses seed + i. Every choice is
+    steered alike; only choice 0 is monitored, since the prompt's positions would repeat n times."""
+    choice_id = engine_request_id(request, index)
+    sampling = request.sampling
+    if sampling.seed is not None and index > 0:
+        sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
+    monitor = request.monitor if index == 0 else None
+    engine_request = EngineRequest(
+        choice_id, request.prompt_token_ids, sampling, priority, steering=steering, monitor=monitor
+    )
+    engine.submit(engine_request, on_output)
+    text_stream = TextStream(tokenizer, request.prompt_token_ids, sampling.stop)
+    return Choice(index, choice_id, text_stream, wants_logprobs=sampling.logprobs is not None)
