@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -19,7 +20,9 @@ from scripts.stack import Stack
 from tasks.config import REPO_ROOT, Config
 
 LOCAL_REDIS_PORT = 6379
-TEST_REDIS_DB = 13  # the tests' own DB index on a shared Redis; flushed when they end
+# The tests' own DB index on a shared Redis, flushed when they end; two runs at once (a checkout and a worktree)
+# each take their own with STEERBATCH_TEST_REDIS_DB.
+TEST_REDIS_DB = int(os.environ.get("STEERBATCH_TEST_REDIS_DB", "13"))
 POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
