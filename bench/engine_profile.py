@@ -44,7 +44,7 @@ def loaded_engine(runner: ModelRunner, config: Config, seed: int = 0) -> Continu
     for request in make_workload("profile", spec, runner.model.config.vocab_size, runner.eos_token_ids, None):
         sampling = SamplingParams(max_tokens=request.num_output_tokens, temperature=0.0, ignore_eos=True)
         engine.submit(EngineRequest(request.request_id, request.prompt_token_ids, sampling), lambda _: None)
-    engine._take_new_work()
+    engine.take_new_work()
     return engine
 
 
@@ -69,7 +69,7 @@ def time_phases(engine: ContinuousEngine, runner: ModelRunner) -> tuple[int, dic
     try:
         while scheduler.has_work:
             started = time.perf_counter()
-            engine._step_or_fail()
+            engine.step()
             seconds["step"] += time.perf_counter() - started
             num_steps += 1
     finally:
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<13} {value / num_steps * 1e3:6.2f} ms/step  {value / total:6.1%}")
         engine = loaded_engine(runner, config, seed=2)
         for _ in range(8):  # past the prefill, into decode-only steps
-            engine._step_or_fail()
+            engine.step()
         with profile(activities=[ProfilerActivity.CPU]) as profiler:
             for _ in range(args.steps):
-                engine._step_or_fail()
+                engine.step()
     print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     return 0
 

@@ -20,16 +20,17 @@ from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
+from worker.engine.inbox import EngineInbox, NewWork
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
 from worker.engine.model_runner import ModelRunner
 from worker.engine.sampler import SamplingRow
-from worker.engine.sequence import EngineSequence, Submission
+from worker.engine.sequence import EngineSequence, Submission, request_generator, scheduled_request
 from worker.engine.speculation.allowance import speculation_allowance
 from worker.engine.speculation.draft_models import load_proposers
 from worker.engine.speculation.speculator import Allowance, SpeculationConfig, Speculator
 from worker.engine.stats import EngineStats
-from worker.engine.step_tokens import pick_tokens
-from worker.steering.request_sae import RequestSAE, resolve_request_sae
+from worker.engine.step_tokens import StepTokens, pick_tokens
+from worker.steering.request_sae import resolve_request_sae
 from worker.steering.worker_monitor import WorkerMonitor
 
 logger = logging.getLogger(__name__)
@@ -55,23 +56,22 @@ def speculation_config(config: Config) -> SpeculationConfig:
 
 
 class ContinuousEngine:
-    """Implements `worker.engine.interface.Engine`; `submit` and `cancel` may be called from any thread."""
+    """Implements `worker.engine.interface.Engine`; `submit`, `cancel`, `set_worker_monitor` and `stop` may be called
+    from any thread, everything else runs on the engine thread."""
 
     def __init__(self, runner: ModelRunner, config: Config) -> None:
         self._runner = runner
-        self._scheduler = Scheduler(scheduler_config(config, runner))
-        self._cond = threading.Condition()
-        self._inbox: list[Submission] = []
-        self._cancelled: set[str] = set()
-        self._active: set[str] = set()  # submitted and not yet finished
-        self._is_stopping = False
-        self._sequences: dict[str, EngineSequence] = {}  # engine thread only
-        self._worker_monitor: WorkerMonitor | None = None
-        self._step_monitor: WorkerMonitor | None = None  # engine thread: the worker monitor of the current step
         self._config = config
-        self._stats = EngineStats()
+        self._scheduler = Scheduler(scheduler_config(config, runner))
         self._speculator = Speculator(speculation_config(config), runner.max_model_len, load_proposers(config, runner))
+        self._inbox = EngineInbox()
+        self._sequences: dict[str, EngineSequence] = {}
+        self._step_monitor: WorkerMonitor | None = None  # the worker monitor as of the last `take_new_work`
+        self._stats = EngineStats()
+        self._stats_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="continuous-engine", daemon=True)
+
+    # --- any thread ---
 
     def start(self) -> None:
         self._thread.start()
@@ -81,9 +81,7 @@ class ContinuousEngine:
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Aborts everything in flight and ends the engine thread."""
-        with self._cond:
-            self._is_stopping = True
-            self._cond.notify_all()
+        self._inbox.stop()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         else:
@@ -96,29 +94,18 @@ class ContinuousEngine:
             sae, sae_error = resolve_request_sae(request, self._runner.saes, self._config), None
         except ValueError as exc:
             sae, sae_error = None, f"steering or monitor: {exc}"
-        with self._cond:
-            if self._is_stopping:
-                raise RuntimeError("the engine is stopping and takes no new requests")
-            if request.request_id in self._active:
-                raise ValueError(f"request {request.request_id!r} is already in the engine")
-            self._active.add(request.request_id)
-            self._inbox.append(Submission(request, on_output, sae, sae_error))
-            self._cond.notify_all()
+        self._inbox.submit(Submission(request, on_output, sae, sae_error))
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.cancel(request_id)
 
     def set_worker_monitor(self, monitor: WorkerMonitor | None) -> None:
         """Starts (or, with None, stops) the worker-wide monitor from the next step on."""
-        with self._cond:
-            self._worker_monitor = monitor
-
-    def cancel(self, request_id: str) -> None:
-        with self._cond:
-            if request_id in self._active:
-                self._cancelled.add(request_id)
-                self._cond.notify_all()
+        self._inbox.set_worker_monitor(monitor)
 
     @property
     def stats(self) -> EngineStats:
-        with self._cond:
+        with self._stats_lock:
             return self._stats.snapshot()
 
     @property
@@ -129,40 +116,76 @@ class ContinuousEngine:
     def num_blocks(self) -> int:
         return self._scheduler.block_manager.num_blocks
 
+    # --- the engine thread ---
+
     def _run(self) -> None:
         try:
             with torch.inference_mode():
-                while self._take_new_work():
+                while self.take_new_work():
                     if self._scheduler.has_work:
-                        self._step_or_fail()
+                        self.step()
         finally:
-            with self._cond:  # whatever ended the loop, later submissions are refused rather than never answered
-                self._is_stopping = True
+            self._inbox.stop()  # whatever ended the loop, later submissions are refused rather than never answered
             self._abort_all()
 
-    def _take_new_work(self) -> bool:
+    def take_new_work(self) -> bool:
         """Admits submissions and applies cancellations; False when the engine is stopping."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._inbox or self._cancelled or self._scheduler.has_work or self._is_stopping)
-            if self._is_stopping:
-                return False
-            inbox, self._inbox = self._inbox, []
-            cancelled, self._cancelled = self._cancelled, set()
-        for submission in inbox:
+        new_work = self._inbox.take(lambda: self._scheduler.has_work)
+        if new_work is None:
+            return False
+        self._apply(new_work)
+        return True
+
+    def step(self) -> None:
+        """One engine step: schedule, run the forward pass and pick tokens, then append, stop and stream them."""
+        batch = self._schedule()
+        try:
+            self._speculator.fill_proposals(batch)
+            started = time.perf_counter()
+            picked = self._run_batch(batch)
+            self._postprocess(batch, picked)
+            self._speculator.record_step(batch, time.perf_counter() - started)
+        except Exception as exc:
+            logger.exception("an engine step over %d requests failed", len(batch.chunks))
+            for chunk in batch.chunks:  # finished in this step or not, each still owes its caller an output
+                self._fail(chunk.request.request_id, f"the engine step failed: {exc}")
+
+    def _schedule(self) -> Batch:
+        self._speculator.propose(self._scheduler.running, self._speculation_allowance)
+        return self._scheduler.schedule()
+
+    def _run_batch(self, batch: Batch) -> StepTokens:
+        rows = [self._sequences[chunk.request.request_id].sae for chunk in batch.chunks]
+        output = self._runner.run(batch, rows, self._step_monitor)
+        for request_id, positions in output.monitored.items():
+            self._sequences[request_id].monitored.extend(positions)
+        return pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax)
+
+    def _postprocess(self, batch: Batch, picked: StepTokens) -> None:
+        updates = self._scheduler.update_from_output(batch, picked.token_ids)
+        self._record_verifications(picked, {update.request.request_id: len(update.token_ids) for update in updates})
+        self._record_step(batch)
+        for update, logprob in zip(updates, picked.logprobs, strict=True):
+            self._emit(update, logprob)
+
+    # --- admission ---
+
+    def _apply(self, new_work: NewWork) -> None:
+        self._step_monitor = new_work.worker_monitor
+        for submission in new_work.submissions:
             try:
                 self._admit(submission)
             except Exception as exc:  # one bad submission must not strand the others taken with it
                 logger.exception("admitting request %s failed", submission.request.request_id)
                 self._fail_submission(submission, f"the engine could not admit the request: {exc}")
-        for request_id in cancelled:
+        for request_id in new_work.cancelled:
             if self._scheduler.abort(request_id) is not None:
                 self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))
-        return True
 
     def _admit(self, submission: Submission) -> None:
         request = submission.request
-        scheduled = self._scheduler_request(request, submission.sae)
-        generator = self._generator_for(request)
+        scheduled = scheduled_request(request, submission.sae, self._runner.eos_token_ids)
+        generator = request_generator(request, self._runner.device)
         sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae)
         self._sequences[request.request_id] = sequence
         error = submission.sae_error or admission_error(
@@ -174,59 +197,7 @@ class ContinuousEngine:
         else:
             self._scheduler.add(scheduled)
 
-    def _scheduler_request(self, request: EngineRequest, sae: RequestSAE | None) -> Request:
-        sampling = request.sampling
-        stop_ids = set(sampling.stop_token_ids)
-        if not sampling.ignore_eos:
-            stop_ids |= self._runner.eos_token_ids
-        return Request(
-            request_id=request.request_id,
-            prompt_token_ids=list(request.prompt_token_ids),
-            max_tokens=sampling.max_tokens,
-            stop_token_ids=frozenset(stop_ids),
-            min_tokens=sampling.min_tokens,
-            priority=request.priority,
-            steering_key="" if sae is None else sae.steering_key,
-            may_reuse_cached_prefix=sae is None or not sae.reads_prompt,
-        )
-
-    def _generator_for(self, request: EngineRequest) -> torch.Generator | None:
-        if request.sampling.seed is None:
-            return None
-        return torch.Generator(device=self._runner.device).manual_seed(request.sampling.seed % 2**64)
-
-    def _step_or_fail(self) -> None:
-        with self._cond:
-            self._step_monitor = self._worker_monitor
-        self._speculator.propose(self._scheduler.running, self._speculation_allowance)
-        batch = self._scheduler.schedule()
-        try:
-            self._speculator.fill_proposals(batch)
-            started = time.perf_counter()
-            self._step(batch)
-            self._speculator.record_step(batch, time.perf_counter() - started)
-        except Exception as exc:
-            logger.exception("an engine step over %d requests failed", len(batch.chunks))
-            for chunk in batch.chunks:  # finished in this step or not, each still owes its caller an output
-                self._fail(chunk.request.request_id, f"the engine step failed: {exc}")
-
-    def _step(self, batch: Batch) -> None:
-        rows = [self._sequences[chunk.request.request_id].sae for chunk in batch.chunks]
-        output = self._runner.run(batch, rows, self._step_monitor)
-        for request_id, positions in output.monitored.items():
-            self._sequences[request_id].monitored.extend(positions)
-        picked = pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax)
-        updates = self._scheduler.update_from_output(batch, picked.token_ids)
-        num_appended = {update.request.request_id: len(update.token_ids) for update in updates}
-        for verification in picked.verifications:
-            self._speculator.record(verification.request_id, verification.num_proposed, verification.num_accepted)
-            sequence = self._sequences[verification.request_id]
-            sequence.num_proposed_tokens += verification.num_proposed
-            # accepted tokens past a stop token are dropped, so usage does not count them
-            sequence.num_accepted_tokens += min(verification.num_accepted, num_appended[verification.request_id] - 1)
-        self._record_step(batch)
-        for update, logprob in zip(updates, picked.logprobs, strict=True):
-            self._emit(update, logprob)
+    # --- per-row callbacks of the step ---
 
     def _speculation_allowance(self, request: Request) -> Allowance:
         sequence = self._sequences[request.request_id]
@@ -235,6 +206,8 @@ class ContinuousEngine:
 
     def _sampling_row(self, request: Request) -> SamplingRow:
         return self._sequences[request.request_id].sampling_row()
+
+    # --- outputs ---
 
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
         request_id = update.request.request_id
@@ -265,8 +238,7 @@ class ContinuousEngine:
         if request_id in self._sequences:
             self._fail(request_id, error)
             return
-        with self._cond:
-            self._active.discard(request_id)
+        self._inbox.finished(request_id)
         try:
             submission.on_output(EngineOutput(request_id, [], error=error))
         except Exception:
@@ -275,9 +247,7 @@ class ContinuousEngine:
     def _finish(self, request_id: str, output: EngineOutput) -> None:
         sequence = self._sequences.pop(request_id)
         self._speculator.forget(request_id)
-        with self._cond:
-            self._active.discard(request_id)
-            self._cancelled.discard(request_id)
+        self._inbox.finished(request_id)
         self._deliver(sequence, output)
 
     def _deliver(self, sequence: EngineSequence, output: EngineOutput) -> None:
@@ -286,9 +256,28 @@ class ContinuousEngine:
         except Exception:
             logger.exception("output callback of request %s raised", output.request_id)
 
+    def _abort_all(self) -> None:
+        for submission in self._inbox.take_unadmitted():
+            request = submission.request
+            scheduled = scheduled_request(request, None, self._runner.eos_token_ids)
+            self._sequences[request.request_id] = EngineSequence(request, submission.on_output, None, scheduled)
+        for request_id in list(self._sequences):
+            self._scheduler.abort(request_id)
+            self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))
+
+    # --- counters ---
+
+    def _record_verifications(self, picked: StepTokens, num_appended: dict[str, int]) -> None:
+        for verification in picked.verifications:
+            self._speculator.record(verification.request_id, verification.num_proposed, verification.num_accepted)
+            sequence = self._sequences[verification.request_id]
+            sequence.num_proposed_tokens += verification.num_proposed
+            # accepted tokens past a stop token are dropped, so usage does not count them
+            sequence.num_accepted_tokens += min(verification.num_accepted, num_appended[verification.request_id] - 1)
+
     def _record_step(self, batch: Batch) -> None:
         num_decode_tokens = sum(1 for chunk in batch.chunks if chunk.is_decode)
-        with self._cond:
+        with self._stats_lock:
             self._stats.record_step(len(batch.chunks), num_decode_tokens, batch.num_tokens)
             self._stats.num_preemptions = self._scheduler.num_preemptions
             self._stats.prefix_cache_queried_blocks = self._scheduler.num_prefix_queried_blocks
@@ -296,14 +285,3 @@ class ContinuousEngine:
             self._stats.num_proposed_tokens = self._speculator.num_proposed_tokens
             self._stats.num_accepted_tokens = self._speculator.num_accepted_tokens
             self._stats.num_verifications = self._speculator.num_verifications
-
-    def _abort_all(self) -> None:
-        with self._cond:
-            inbox, self._inbox = self._inbox, []
-        for submission in inbox:
-            request = submission.request
-            scheduled = self._scheduler_request(request, None)
-            self._sequences[request.request_id] = EngineSequence(request, submission.on_output, None, scheduled)
-        for request_id in list(self._sequences):
-            self._scheduler.abort(request_id)
-            self._finish(request_id, EngineOutput(request_id, [], FinishReason.ABORT))

@@ -55,6 +55,32 @@ class EngineSequence:
         return dataclasses.replace(output, steering=steering, monitor=monitored)
 
 
+def scheduled_request(request: EngineRequest, sae: RequestSAE | None, eos_token_ids: frozenset[int]) -> Request:
+    """The scheduler's record of `request`: its stop tokens (EOS unless ignored), and a prefix-cache key that keeps
+    differently steered requests from sharing blocks."""
+    sampling = request.sampling
+    stop_ids = set(sampling.stop_token_ids)
+    if not sampling.ignore_eos:
+        stop_ids |= eos_token_ids
+    return Request(
+        request_id=request.request_id,
+        prompt_token_ids=list(request.prompt_token_ids),
+        max_tokens=sampling.max_tokens,
+        stop_token_ids=frozenset(stop_ids),
+        min_tokens=sampling.min_tokens,
+        priority=request.priority,
+        steering_key="" if sae is None else sae.steering_key,
+        may_reuse_cached_prefix=sae is None or not sae.reads_prompt,
+    )
+
+
+def request_generator(request: EngineRequest, device: torch.device) -> torch.Generator | None:
+    """A seeded request's own random stream, so its draws do not depend on what else is in the batch."""
+    if request.sampling.seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(request.sampling.seed % 2**64)
+
+
 @dataclass(frozen=True)
 class Submission:
     request: EngineRequest
