@@ -22,6 +22,7 @@ UNAVAILABLE_ERRORS = (
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
 )
+UNAVAILABLE_RETRY_AFTER_S = 2  # a Redis restart or a database failover usually takes a few seconds
 
 
 class APIError(Exception):
@@ -70,7 +71,9 @@ def _http_error(exc: HTTPException) -> tuple[Response, int]:
 def _unavailable(exc: Exception) -> tuple[Response, int]:
     logger.warning("backing service unavailable: %s", exc)
     message = "A backing service (Redis or the database) is unavailable; retry shortly."
-    return error_response(503, ErrorInfo(message, "service_unavailable", None, "service_unavailable"))
+    response, status = error_response(503, ErrorInfo(message, "service_unavailable", None, "service_unavailable"))
+    response.headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
+    return response, status
 
 
 def _unexpected(exc: Exception) -> tuple[Response, int]:

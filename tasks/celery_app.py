@@ -7,6 +7,7 @@ from celery import Celery
 from tasks.batch_messages import ChunkTask
 from tasks.config import Config
 from tasks.messages import GenerateRequest
+from tasks.redis_transport import TRANSPORT
 
 GENERATE_TASK = "steerbatch.generate"
 BATCH_CHUNK_TASK = "steerbatch.batch_chunk"
@@ -14,6 +15,7 @@ BATCH_CHUNK_TASK = "steerbatch.batch_chunk"
 
 def create_celery(config: Config) -> Celery:
     app = Celery("steerbatch", broker=config.redis_url)
+    app.conf.broker_transport = TRANSPORT  # survives a Redis restart (see tasks/redis_transport.py)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

