@@ -8,6 +8,7 @@ steps, so a request joins the batch at the next step and a cancelled one frees i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -162,11 +163,24 @@ class ContinuousEngine:
         return pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax)
 
     def _postprocess(self, batch: Batch, picked: StepTokens) -> None:
+        if picked.failed:
+            batch, picked = self._drop_failed_rows(batch, picked)
         updates = self._scheduler.update_from_output(batch, picked.token_ids)
         self._record_verifications(picked, {update.request.request_id: len(update.token_ids) for update in updates})
         self._record_step(batch)
         for update, logprob in zip(updates, picked.logprobs, strict=True):
             self._emit(update, logprob)
+
+    def _drop_failed_rows(self, batch: Batch, picked: StepTokens) -> tuple[Batch, StepTokens]:
+        """Ends each request whose row could not be sampled, and the step without them: the others go on as if
+        those rows had never been in it."""
+        for request_id, error in picked.failed.items():
+            self._fail(request_id, f"sampling failed: {error}")
+        kept = [i for i, chunk in enumerate(batch.sampling_chunks) if chunk.request.request_id not in picked.failed]
+        chunks = [chunk for chunk in batch.chunks if chunk.request.request_id not in picked.failed]
+        token_ids = [picked.token_ids[i] for i in kept]
+        logprobs = [picked.logprobs[i] for i in kept]
+        return dataclasses.replace(batch, chunks=chunks), StepTokens(token_ids, logprobs, picked.verifications)
 
     # --- admission ---
 

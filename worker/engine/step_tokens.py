@@ -1,10 +1,14 @@
 """Each sampling chunk's new tokens from the step's logits: the sampler for plain rows, verification (greedy, or
-rejection sampling) for rows that carried proposed tokens."""
+rejection sampling) for rows that carried proposed tokens.
+
+The whole step is sampled at once; if that raises, each row is sampled alone, so that a row whose parameters break
+the sampler fails by itself and every other row gets the token it would have had."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,6 +17,8 @@ from scheduler.request import Request
 from tasks.messages import TokenLogprob
 from worker.engine.sampler import Argmax, SamplingRow, sample, sampling_probs, torch_argmax
 from worker.engine.speculation.speculator import verify_greedy, verify_sampled
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -27,9 +33,47 @@ class StepTokens:
     token_ids: list[list[int]]  # per sampling chunk: accepted proposed tokens, then one new token
     logprobs: list[TokenLogprob | None]  # per sampling chunk (rows that speculate never ask for logprobs)
     verifications: list[Verification]
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> why its row could not be sampled
 
 
 def pick_tokens(
+    chunks: list[ScheduledChunk],
+    logits: torch.Tensor,  # [sum of chunks' num_logits, V]
+    sampling_row: Callable[[Request], SamplingRow],
+    argmax: Argmax = torch_argmax,
+) -> StepTokens:
+    try:
+        return pick_all_tokens(chunks, logits, sampling_row, argmax)
+    except Exception:
+        logger.exception("sampling a step of %d rows failed; sampling each row alone", len(chunks))
+        return pick_tokens_row_by_row(chunks, logits, sampling_row, argmax)
+
+
+def pick_tokens_row_by_row(
+    chunks: list[ScheduledChunk],
+    logits: torch.Tensor,  # [sum of chunks' num_logits, V]
+    sampling_row: Callable[[Request], SamplingRow],
+    argmax: Argmax,
+) -> StepTokens:
+    picked = StepTokens([], [], [])
+    first_row = 0
+    for chunk in chunks:
+        rows = logits[first_row : first_row + chunk.num_logits]
+        first_row += chunk.num_logits
+        try:
+            alone = pick_all_tokens([chunk], rows, sampling_row, argmax)
+        except Exception as exc:
+            picked.token_ids.append([])
+            picked.logprobs.append(None)
+            picked.failed[chunk.request.request_id] = f"{type(exc).__name__}: {exc}"
+            continue
+        picked.token_ids.extend(alone.token_ids)
+        picked.logprobs.extend(alone.logprobs)
+        picked.verifications.extend(alone.verifications)
+    return picked
+
+
+def pick_all_tokens(
     chunks: list[ScheduledChunk],
     logits: torch.Tensor,  # [sum of chunks' num_logits, V]
     sampling_row: Callable[[Request], SamplingRow],
