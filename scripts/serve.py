@@ -1,4 +1,5 @@
-"""`make serve`: the whole stack in the foreground until Ctrl-C or SIGTERM, which stop every child."""
+"""`make serve`: the whole stack in the foreground until Ctrl-C or SIGTERM, which stop every child; a child that
+exits on its own is started again (scripts/supervisor.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import time
 
 from scripts.stack import Stack
+from scripts.supervisor import Supervisor
 from tasks.config import Config
 from tasks.logs import configure_logging
 
@@ -29,10 +31,10 @@ def main() -> int:
         flower_url = f"http://{config.host}:{config.flower_port}"
         logger.info("api: %s/v1   flower: %s (user %s)", stack.base_url, flower_url, user)
         logger.info("Ctrl-C stops everything")
-        while (dead := stack.dead_process()) is None:
+        supervisor = Supervisor(stack)
+        while True:
+            supervisor.check()
             time.sleep(0.5)
-        logger.error("%s exited with %s; stopping the stack", dead.name, dead.popen.returncode)
-        return 1
     except KeyboardInterrupt:
         logger.info("stopping")
         return 0

@@ -28,6 +28,7 @@ STOP_GRACE_S = 10.0
 @dataclass
 class ManagedProcess:
     name: str
+    command: list[str]
     popen: subprocess.Popen
     log_path: Path | None
 
@@ -66,6 +67,13 @@ class Stack:
     def process(self, name: str) -> ManagedProcess:
         return next(p for p in reversed(self.processes) if p.name == name)
 
+    def restart(self, process: ManagedProcess) -> None:
+        """Starts `process`'s command again in its place (an exited one; a running one is stopped first)."""
+        if process.is_running():
+            _stop(process)
+        self.processes.remove(process)
+        self._start(process.name, process.command)
+
     @property
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
@@ -86,7 +94,7 @@ class Stack:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{name}.log"
-            log_file = log_path.open("wb")
+            log_file = log_path.open("ab")  # a restarted child's log follows its last one
         env = {**os.environ, **self.config.to_env(), "PYTHONUNBUFFERED": "1"}
         popen = subprocess.Popen(
             command,
@@ -96,7 +104,7 @@ class Stack:
             stderr=subprocess.STDOUT if log_file else None,
             start_new_session=True,  # Ctrl-C reaches the launcher only, which stops children in order
         )
-        self.processes.append(ManagedProcess(name, popen, log_path))
+        self.processes.append(ManagedProcess(name, command, popen, log_path))
         logger.info("started %s (pid %d)", name, popen.pid)
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -118,14 +126,18 @@ class Stack:
         """SIGTERM in reverse start order (api before worker before redis), SIGKILL after a grace period."""
         for process in reversed(self.processes):
             if process.is_running():
-                process.popen.send_signal(signal.SIGTERM)
-                try:
-                    process.popen.wait(STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    logger.warning("%s did not stop in %.0f s; killing it", process.name, STOP_GRACE_S)
-                    process.popen.kill()
-                    process.popen.wait()
+                _stop(process)
         self.processes.clear()
+
+
+def _stop(process: ManagedProcess) -> None:
+    process.popen.send_signal(signal.SIGTERM)
+    try:
+        process.popen.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        logger.warning("%s did not stop in %.0f s; killing it", process.name, STOP_GRACE_S)
+        process.popen.kill()
+        process.popen.wait()
 
 
 def _worker_command(config: Config) -> list[str]:
