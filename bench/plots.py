@@ -120,7 +120,8 @@ def plot_load(section: dict[str, Any], out: Path) -> None:
     fig, (ttft_ax, rate_ax) = plt.subplots(1, 2, figsize=(10, 4.5))
     for key, label in (("ttft_p50_ms", "TTFT p50"), ("ttft_p99_ms", "TTFT p99")):
         ttft_ax.plot(streams, [median[key] for median in medians], marker="o", label=label)
-    ttft_ax.set_ylabel("ms (median of rounds)")
+    ttft_ax.set_yscale("log")
+    ttft_ax.set_ylabel("time to first token, ms (median of rounds)")
     rate_ax.plot(streams, [median["tokens_per_s"] for median in medians], marker="o", color="tab:green")
     rate_ax.set_ylabel("output tokens/s (median of rounds)")
     ttft_ax.legend()
@@ -132,7 +133,7 @@ def plot_load(section: dict[str, Any], out: Path) -> None:
     settings = section["settings"]
     fig.suptitle(
         f"Through the service: {settings['output_len']} tokens each, MAX_NUM_SEQS {settings['max_num_seqs']}, "
-        f"measured at {section['commit']}",
+        f"WORKER_CONCURRENCY {settings['worker_concurrency']}, measured at {section['commit']}",
         fontsize=11,
     )
     fig.text(0.01, 0.01, section["machine"], fontsize=7, color="gray")
