@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def machine_description(args: argparse.Namespace) -> str:
+def cpu_description() -> str:
     cpu_model = platform.processor() or "unknown CPU"
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -97,10 +97,13 @@ def machine_description(args: argparse.Namespace) -> str:
             line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
         ]
         cpu_model = names[0] if names else cpu_model
+    return f"{cpu_model}, {os.cpu_count()} logical CPUs ({len(os.sched_getaffinity(0))} usable)"
+
+
+def machine_description(args: argparse.Namespace) -> str:
     return (
-        f"{cpu_model}, {os.cpu_count()} logical CPUs ({len(os.sched_getaffinity(0))} usable); "
-        f"torch {torch.__version__}, transformers {transformers.__version__}, {args.dtype} on cpu, "
-        f"{torch.get_num_threads()} torch threads"
+        f"{cpu_description()}; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{args.dtype} on cpu, {torch.get_num_threads()} torch threads"
     )
 
 

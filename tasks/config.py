@@ -64,7 +64,7 @@ class Config:
     # Batch API (files and bulk jobs)
     max_file_bytes: int = 100 * 1024 * 1024  # an upload over this is refused with 413
     # Lines per chunk task on the bulk queue: twice the engine's batch (MAX_NUM_SEQS), so a chunk's claim, Celery
-    # delivery and thread take the engine's GIL half as often as with 32 (docs/BENCHMARKS.md, Batch API).
+    # delivery and thread take the engine's GIL half as often as with 32 (docs/perf-notes.md, Batch API).
     batch_chunk_size: int = 64
     batch_chunks_in_flight: int = 4  # dispatched or running chunks, all batches together: bulk never fills the threads
     batch_max_attempts: int = 3  # a line whose worker died this many times fails

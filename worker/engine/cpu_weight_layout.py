@@ -3,7 +3,7 @@
 `nn.Linear` computes `x @ weight.T`. With the weight stored row-major ([out, in], as loaded), MKL gets a transposed
 operand; stored column-major (the same [out, in] tensor with strides (1, out)), it gets a plain one. Measured on
 this project's CPU over one decode step's 29 GEMMs of the tiny model: 9-25% faster for 1 to 32 rows, unchanged for
-prefill-sized batches (docs/BENCHMARKS.md). The values and shapes stay the same, so HF's modules, hooks and the
+prefill-sized batches (docs/perf-notes.md). The values and shapes stay the same, so HF's modules, hooks and the
 compiled graph see the same model.
 """
 

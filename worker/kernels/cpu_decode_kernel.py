@@ -4,7 +4,7 @@ machine, cached, and called through ctypes.
 On CPU, gathering every decode row's blocks and attending over the copy with batched matmuls cost most of a step's
 attention: the gather writes all of the rows' K/V once more, and every length bucket pays a dozen operator calls
 per layer. The kernel reads each row's blocks where they lie, once, for all decode rows in one call per layer
-(docs/BENCHMARKS.md). Without a compiler the engine keeps the gather path and says so in the log.
+(docs/perf-notes.md). Without a compiler the engine keeps the gather path and says so in the log.
 """
 
 from __future__ import annotations
