@@ -1,4 +1,4 @@
-"""Batch API throughput (issue 6): a batch job of N prompts through the whole stack (api, SQL ledger, bulk queue,
+"""Batch API throughput: a batch job of N prompts through the whole stack (api, SQL ledger, bulk queue,
 worker, engine) against the engine alone on the same prompts, in one run.
 
     .venv/bin/python -m bench.batch_throughput [--model models/tiny] [--num-prompts 256] [--prompt-len 16,64]

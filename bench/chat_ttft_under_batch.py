@@ -1,4 +1,4 @@
-"""Chat time to first token while a large batch runs (issue 6): idle, then with a batch of N lines in progress,
+"""Chat time to first token while a large batch runs: idle, then with a batch of N lines in progress,
 on one stack of real processes.
 
     .venv/bin/python -m bench.chat_ttft_under_batch [--model models/tiny] [--num-chats 20] [--batch-lines 10000]

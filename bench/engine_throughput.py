@@ -1,4 +1,4 @@
-"""Engine throughput (issue 3): naive and static-batch HF `generate`, HF continuous batching, and our engine,
+"""Engine throughput: naive and static-batch HF `generate`, HF continuous batching, and our engine,
 in one process on the same model, over 32 requests all at t=0 and the same requests as a Poisson stream.
 
     .venv/bin/python -m bench.engine_throughput --model models/tiny [--num-requests 32] [--seed 0]

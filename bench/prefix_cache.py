@@ -1,4 +1,4 @@
-"""Prefix cache benchmark (issue 4): our engine with the cache on and off, in one process on the same model.
+"""Prefix cache benchmark: our engine with the cache on and off, in one process on the same model.
 
 Two workloads of the same shape: `shared` is 8 system prompts of ~1,000 tokens, each followed by 16 different user
 turns, arriving as a Poisson stream (TTFT is what the cache is for); `unshared` has the same lengths with every

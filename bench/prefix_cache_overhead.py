@@ -1,4 +1,4 @@
-"""What the prefix cache's bookkeeping costs when nothing hits (issue 4): the unshared workload of
+"""What the prefix cache's bookkeeping costs when nothing hits: the unshared workload of
 `bench.prefix_cache` (every prompt distinct, all at t=0), cache on and off, timing every call into the
 `BlockManager` (hashing full blocks, lookups, reference counts, eviction) against the engine's wall time.
 

@@ -1,4 +1,4 @@
-"""Speculative decoding benchmark (issue 4): each proposer (prompt lookup, a draft model, the model's own first
+"""Speculative decoding benchmark: each proposer (prompt lookup, a draft model, the model's own first
 layers) against no speculation, at batch 1, 4 and 8, on an input-grounded workload (an opening, the text the model
 writes after it, and the opening again: what the request generates is in its input) and an open-ended one (the
 opening alone), 64 tokens each, greedy with EOS ignored.

@@ -1,4 +1,4 @@
-"""Steering cost (issue 5): throughput of our engine with 0 %, 50 % and 100 % of the rows steered, in one process.
+"""Steering cost: throughput of our engine with 0 %, 50 % and 100 % of the rows steered, in one process.
 
     .venv/bin/python -m bench.steering_cost --model models/tiny [--num-requests 32] [--repeats 5]
         [--sae-id tiny/resid_post_2] [--feature 0] [--strength 8] [--threads N] [--out table.md]
