@@ -28,6 +28,13 @@ def padded_size(size: int) -> int:
     return max(MIN_DOT_SIZE, triton.next_power_of_2(size))
 
 
+def tile_size(block_d: int, dtype: torch.dtype) -> int:
+    """Keys (and prefill queries) per tile: 64, halved for float32 and again for heads wider than 128, so that a
+    tile's operands stay in registers (float32 tiles of 64 x 128 spill, and take ptxas tens of seconds)."""
+    size = 64 if dtype.itemsize <= 2 else 32
+    return size if block_d <= 128 else size // 2
+
+
 def is_interpreted() -> bool:
     """Whether kernels defined from now on run under Triton's CPU interpreter (TRITON_INTERPRET=1 when defined)."""
     return bool(triton.knobs.runtime.interpret)

@@ -11,11 +11,21 @@ serves every step (as a captured CUDA graph needs).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
-from worker.kernels.triton_common import LOG2_E, dot, dot_precision, is_interpreted, kv_strides, padded_size
+from worker.kernels.triton_common import (
+    LOG2_E,
+    dot,
+    dot_precision,
+    is_interpreted,
+    kv_strides,
+    padded_size,
+    tile_size,
+)
 
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in its merge than its parallelism saves
 MAX_SPLITS = 16
@@ -142,11 +152,11 @@ def paged_decode(
     num_splits: int = 1,  # a power of two
     keys_transposed: bool = False,
 ) -> None:
+    if num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two, not {num_splits}")
     num_rows = block_tables.shape[0]
     _, num_heads, head_dim = query.shape
-    num_kv_heads, _, block_size = v_cache.shape[0], v_cache.shape[1], v_cache.shape[2]
-    group = num_heads // num_kv_heads
-    block_d = padded_size(head_dim)
+    num_kv_heads, block_size = v_cache.shape[0], v_cache.shape[2]
     if num_splits > 1:
         partial = torch.empty(num_rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
         lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=query.device)
@@ -169,18 +179,30 @@ def paged_decode(
         block_size,
         num_heads,
         head_dim,
-        GROUP=group,
-        BLOCK_G=padded_size(group),
-        BLOCK_D=block_d,
-        BLOCK_N=64 if block_d <= 128 else 32,
-        NUM_SPLITS=num_splits,
-        DOT_PRECISION=dot_precision(query.dtype),
-        IS_INTERPRETED=IS_INTERPRETED,
+        **decode_constants(num_heads // num_kv_heads, head_dim, query.dtype, num_splits),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_rows, num_heads)](
-            partial, lse, token_index, out, num_heads, head_dim, NUM_SPLITS=num_splits, BLOCK_D=block_d
+            partial, lse, token_index, out, num_heads, head_dim, **merge_constants(head_dim, num_splits)
         )
+
+
+def decode_constants(group: int, head_dim: int, dtype: torch.dtype, num_splits: int) -> dict[str, Any]:
+    """The decode kernel's compile-time arguments for `group` query heads per KV head."""
+    block_d = padded_size(head_dim)
+    return {
+        "GROUP": group,
+        "BLOCK_G": padded_size(group),
+        "BLOCK_D": block_d,
+        "BLOCK_N": tile_size(block_d, dtype),
+        "NUM_SPLITS": num_splits,
+        "DOT_PRECISION": dot_precision(dtype),
+        "IS_INTERPRETED": IS_INTERPRETED,
+    }
+
+
+def merge_constants(head_dim: int, num_splits: int) -> dict[str, Any]:
+    return {"NUM_SPLITS": num_splits, "BLOCK_D": padded_size(head_dim)}
 
 
 def num_decode_splits(num_rows: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:

@@ -3,19 +3,28 @@ chunk itself, all read from the KV pool's blocks in place (the chunk's own K/V a
 
 One kernel serves a first chunk, a later chunk of a long prompt and a speculative verify chunk alike: a chunk is
 (its queries' span of the packed step, its first token's position in the row, the row's block table), and query i
-of a chunk starting at position p sees the row's tokens 0..p + i. One program per (chunk, tile of BLOCK_M queries,
-query head); tiles past a chunk's end return at once, and a tile stops reading keys at its last query's position.
+of a chunk starting at position p sees the row's tokens 0..p + i. One program per (chunk, tile of queries, query
+head); tiles past a chunk's end return at once, and a tile stops reading keys at its last query's position.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from worker.kernels.triton_common import LOG2_E, dot, dot_precision, is_interpreted, kv_strides, padded_size
+from worker.kernels.triton_common import (
+    LOG2_E,
+    dot,
+    dot_precision,
+    is_interpreted,
+    kv_strides,
+    padded_size,
+    tile_size,
+)
 
-BLOCK_M = 64  # queries per program
 IS_INTERPRETED = is_interpreted()  # as the kernel below is defined: compiled, or run by the interpreter
 
 
@@ -115,8 +124,8 @@ def paged_prefill(
     """Attention of every chunk's queries over its row's K/V in the pool, which must already hold the chunk's own."""
     _, num_heads, head_dim = query.shape
     num_kv_heads, block_size = v_cache.shape[0], v_cache.shape[2]
-    block_d = padded_size(head_dim)
-    grid = (block_tables.shape[0], triton.cdiv(max_query_len, BLOCK_M), num_heads)
+    constants = prefill_constants(num_heads // num_kv_heads, head_dim, query.dtype)
+    grid = (block_tables.shape[0], triton.cdiv(max_query_len, constants["BLOCK_M"]), num_heads)
     _prefill_kernel[grid](
         query,
         k_cache,
@@ -134,10 +143,19 @@ def paged_prefill(
         block_size,
         num_heads,
         head_dim,
-        GROUP=num_heads // num_kv_heads,
-        BLOCK_M=BLOCK_M,
-        BLOCK_D=block_d,
-        BLOCK_N=64 if block_d <= 128 else 32,
-        DOT_PRECISION=dot_precision(query.dtype),
-        IS_INTERPRETED=IS_INTERPRETED,
+        **constants,
     )
+
+
+def prefill_constants(group: int, head_dim: int, dtype: torch.dtype) -> dict[str, Any]:
+    """The prefill kernel's compile-time arguments for `group` query heads per KV head."""
+    block_d = padded_size(head_dim)
+    tile = tile_size(block_d, dtype)  # queries per program, and keys per step of its loop
+    return {
+        "GROUP": group,
+        "BLOCK_M": tile,
+        "BLOCK_D": block_d,
+        "BLOCK_N": tile,
+        "DOT_PRECISION": dot_precision(dtype),
+        "IS_INTERPRETED": IS_INTERPRETED,
+    }
