@@ -128,9 +128,9 @@ def test_paged_decode_equals_sdpa(
 PREFILL_CASES = [
     (2, 2, 64, 16, torch.float32, False),  # no GQA
     (4, 1, 128, 32, torch.bfloat16, False),  # 4 query heads per KV head
-    (8, 1, 64, 256, torch.float32, False),  # 8 per KV head
-    (8, 1, 64, 16, torch.bfloat16, False),
-    (1, 1, 128, 256, torch.bfloat16, False),
+    (8, 1, 64, 256, torch.bfloat16, False),  # 8 per KV head
+    (8, 1, 64, 16, torch.float32, False),
+    (1, 1, 128, 256, torch.float32, False),
     (4, 2, 32, 16, torch.float32, True),  # the tiny model's shape, keys in the CPU decode kernel's layout
     (3, 1, 80, 24, torch.float32, False),  # a group of 3, a head dim and a block size no power of two
 ]
