@@ -35,9 +35,10 @@ class Config:
     kv_block_size: int = 0  # tokens per KV block; 0: 256 for flash-attn's paged kernels, else 16
     kv_cache_tokens: int = 0  # KV pool size; 0: from kv_cache_memory_fraction on cuda, max_num_seqs x context on cpu
     kv_cache_memory_fraction: float = 0.85  # of the device memory left free after loading the model (cuda)
-    # On CPU in float32, decode attention runs in a small C kernel (worker/kernels/paged_decode.c) that the system
-    # compiler builds once per machine; off, or with no compiler, it gathers each row's blocks and uses batched matmuls.
-    cpu_decode_kernel: bool = True
+    # auto | sdpa | cpu_kernel | triton | flash_attn (worker/engine/attention_backend.py). auto: on CUDA flash_attn
+    # when installed, else the Triton paged kernels; on CPU in float32 the C decode kernel (worker/kernels/
+    # paged_decode.c, built by the system compiler once per machine; without one, sdpa: gathered blocks and matmuls).
+    attention_backend: str = "auto"
     # torch.compile the model's forward around our attention op (worker/engine/compiled_forward.py): on CPU a step loses
     # most of HF's per-operator Python, after some tens of seconds of compiling in the first steps of each shape class.
     torch_compile: bool = False
@@ -51,7 +52,9 @@ class Config:
     spec_max_batch_size: int = 4  # no speculation in steps with more running requests (crossover measured on CPU)
     spec_min_acceptance: float = 0.3  # below this running acceptance rate a request proposes one token at a time
     device: str = "auto"  # auto: cuda when available, else cpu
-    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    dtype: str = (
+        "auto"  # auto | float32 | bfloat16 | float16; auto: bfloat16 on cuda (float16 before Ampere), float32 on cpu
+    )
     # Torch's intra-op threads on a CPU device; 0 leaves torch's default. Ops issued from the engine's own thread
     # wake torch's pool slowly: on a 2-core machine 2 threads made the tiny model's steps twice as slow as 1.
     cpu_threads: int = 1

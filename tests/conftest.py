@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 import sqlalchemy
+import torch
 
 from scripts.stack import Stack
 from tasks.config import REPO_ROOT, Config
@@ -24,6 +25,12 @@ LOCAL_REDIS_PORT = 6379
 # each take their own with STEERBATCH_TEST_REDIS_DB.
 TEST_REDIS_DB = int(os.environ.get("STEERBATCH_TEST_REDIS_DB", "13"))
 POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+if not torch.cuda.is_available():
+    # Triton's attention kernels then run on CPU tensors under its interpreter. Triton reads TRITON_INTERPRET as it
+    # is imported (its own library functions are defined then), and torch's and transformers' integrations import it
+    # as test modules of any folder are collected: so here, before any of them is.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def free_port() -> int:

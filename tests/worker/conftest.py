@@ -32,7 +32,7 @@ def endless_runner(tiny_config: Config) -> ModelRunner:
 @pytest.fixture(scope="module")
 def gather_endless_runner(tiny_config: Config) -> ModelRunner:
     """Decode attention by gathering blocks: the path without the CPU decode kernel."""
-    return load_runner(dataclasses.replace(tiny_config, cpu_decode_kernel=False), stops_at_eos=False)
+    return load_runner(dataclasses.replace(tiny_config, attention_backend="sdpa"), stops_at_eos=False)
 
 
 @pytest.fixture(scope="module")

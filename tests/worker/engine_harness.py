@@ -88,7 +88,7 @@ def hf_greedy(
     reference: PreTrainedModel, eos_token_ids: frozenset[int], prompt: list[int], max_new_tokens: int
 ) -> list[int]:
     """HF `generate` for one unpadded prompt, stopping at `eos_token_ids` (an empty set disables EOS)."""
-    input_ids = torch.tensor([prompt])
+    input_ids = torch.tensor([prompt], device=reference.device)
     output = reference.generate(
         input_ids,
         attention_mask=torch.ones_like(input_ids),  # else generate masks out any pad-token id in the prompt

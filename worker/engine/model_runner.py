@@ -14,14 +14,15 @@ from scheduler.batch import Batch
 from steering.batch_hooks import BatchHooks
 from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
+from worker.engine.attention_backend import AttentionBackend, resolve_attention_backend
 from worker.engine.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
 from worker.engine.cpu_weight_layout import store_linear_weights_column_major
 from worker.engine.kv_pool import KVPool, KVShape, num_pool_tokens
-from worker.engine.paged_attention import FLASH_BACKEND, SDPA_BACKEND, is_flash_available, register_paged_attention
+from worker.engine.paged_attention import FLASH_BACKEND, SDPA_BACKEND, register_paged_attention
 from worker.engine.paged_step import PagedStep, build_paged_step
 from worker.engine.sampler import Argmax, torch_argmax
 from worker.engine.speculation.draft_weights import load_draft_weights
-from worker.kernels.cpu_decode_kernel import load_cpu_decode_kernel
+from worker.kernels.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
 from worker.steering.request_sae import RequestSAE
 from worker.steering.sae_attachments import SAEAttachments
 from worker.steering.steering_plan import build_step_plan, read_monitored
@@ -41,11 +42,27 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """DTYPE `name`; auto: bfloat16 on a CUDA device that computes in it natively (Ampere on), float16 on older ones,
+    float32 on CPU."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def load_attention_backend(
+    config: Config, device: torch.device, dtype: torch.dtype
+) -> tuple[AttentionBackend, CpuDecodeKernel | None]:
+    """ATTENTION_BACKEND on `device` in `dtype`, with the C decode kernel when that is the backend; sdpa instead when
+    the kernel cannot be built (load_cpu_decode_kernel warns why)."""
+    backend = resolve_attention_backend(config.attention_backend, device, dtype)
+    if backend is not AttentionBackend.CPU_KERNEL:
+        return backend, None
+    kernel = load_cpu_decode_kernel()
+    return (backend, kernel) if kernel is not None else (AttentionBackend.SDPA, None)
 
 
 @dataclass(frozen=True)
@@ -74,10 +91,12 @@ class ModelRunner:
         if self.device.type == "cpu" and config.cpu_threads > 0:
             torch.set_num_threads(config.cpu_threads)
         register_paged_attention()
-        self.attention_backend = FLASH_BACKEND if is_flash_available(self.device) else SDPA_BACKEND
+        self.attention_backend, cpu_kernel = load_attention_backend(config, self.device, self.dtype)
+        # one registered function serves sdpa, cpu_kernel and triton: it goes by the metadata each step carries
+        hf_attention = FLASH_BACKEND if self.is_flash else SDPA_BACKEND
         started = time.perf_counter()
         self.model = AutoModelForCausalLM.from_pretrained(
-            config.model, dtype=self.dtype, attn_implementation=self.attention_backend
+            config.model, dtype=self.dtype, attn_implementation=hf_attention
         )
         self.model.to(self.device).eval()
         self.eos_token_ids = read_eos_token_ids(self.model)
@@ -89,14 +108,14 @@ class ModelRunner:
                 self.model.config,
                 self.device,
                 self.dtype,
-                self.attention_backend,
+                hf_attention,
                 self.max_model_len,
             )
         if self.device.type == "cpu" and torch.backends.mkl.is_available():  # measured with MKL's GEMMs only
             for model in (self.model, self.draft_model):
                 if model is not None:
                     store_linear_weights_column_major(model)
-        self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config)
+        self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config, cpu_kernel)
         kernel = self.kv_pool.decode_kernel
         self.argmax: Argmax = kernel.argmax if kernel is not None else torch_argmax  # of the logits run() returns
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
@@ -110,7 +129,7 @@ class ModelRunner:
         elif config.torch_compile:
             logger.warning("TORCH_COMPILE is for CPU workers; this %s worker runs eager", self.device.type)
         logger.info(
-            "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s%s",
+            "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s",
             config.model,
             self.device,
             self.dtype,
@@ -118,15 +137,14 @@ class ModelRunner:
             time.perf_counter() - started,
             self.max_model_len,
             sorted(self.eos_token_ids),
-            self.attention_backend,
-            " with the CPU decode kernel" if self.kv_pool.decode_kernel is not None else "",
+            self.attention_backend.value,
         )
 
     @property
     def is_flash(self) -> bool:
-        return self.attention_backend == FLASH_BACKEND
+        return self.attention_backend is AttentionBackend.FLASH_ATTN
 
-    def _allocate_kv_pools(self, config: Config) -> tuple[KVPool, KVPool | None]:
+    def _allocate_kv_pools(self, config: Config, kernel: CpuDecodeKernel | None) -> tuple[KVPool, KVPool | None]:
         """The target's pool and, with a draft model, the draft's: the same blocks (a request's block table
         addresses both), sized together so that both fit."""
         block_size = config.kv_block_size or (FLASH_BLOCK_SIZE if self.is_flash else SDPA_BLOCK_SIZE)
@@ -138,9 +156,6 @@ class ModelRunner:
         num_blocks = num_tokens // block_size
         if num_blocks < 1:
             raise ValueError(f"the KV pool holds {num_tokens} tokens, less than one block of {block_size}")
-        kernel = None
-        if self.device.type == "cpu" and self.dtype == torch.float32 and config.cpu_decode_kernel:
-            kernel = load_cpu_decode_kernel()
         pools = [
             KVPool(shape, num_blocks, block_size, self.dtype, self.device, not self.is_flash, kernel)
             for shape in shapes
@@ -163,7 +178,7 @@ class ModelRunner:
     ) -> StepOutput:
         """One forward pass over every scheduled chunk, with each chunk's request's steering and monitor (`rows`,
         one per chunk; None: none steer or monitor) and the worker-wide monitor carried out by the SAE hooks."""
-        step = build_paged_step(batch, self.kv_pool, self.device, for_flash=self.is_flash)
+        step = build_paged_step(batch, self.kv_pool, self.device, self.attention_backend)
         rows = [None] * len(batch.chunks) if rows is None else rows
         plan, slices = build_step_plan(batch.chunks, step.token_rows, rows, worker_monitor, self.dtype)
         if plan is not None:

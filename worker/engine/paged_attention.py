@@ -50,6 +50,8 @@ def paged_sdpa_attention_at(
 ) -> torch.Tensor:
     """[N, H, D], a new tensor: layer `layer_idx`'s attention for every token of the step, after writing their
     K/V into the pool."""
+    if paged_step.triton is not None:  # the Triton kernels: every row over its blocks in place, two launches
+        return paged_step.triton(layer_idx, query, key, value, scale, kv_pool)
     table = paged_step.decode_table
     if table is not None and table.kernel_step is not None:  # most steps: every token a decode row, one call
         return table.kernel_step(layer_idx, query, key, value, scale)
@@ -149,16 +151,6 @@ def paged_flash_attention(
         block_table=meta.block_table,
     )
     return output[None], None  # [1, N, H, D]
-
-
-def is_flash_available(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def register_paged_attention() -> None:

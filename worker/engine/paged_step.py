@@ -3,19 +3,25 @@
 All scheduled chunks are packed into one sequence of N tokens. Decode rows (one new token each) attend together:
 through the CPU decode kernel over their block tables when the pool has it, else in one batched call per length
 bucket over their gathered blocks. Prefill chunks attend one by one with a causal mask offset by the tokens
-already in their blocks.
+already in their blocks. The Triton and flash-attn backends take their own metadata instead and attend to every
+chunk in one or two kernel launches.
 """
 
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from scheduler.batch import Batch, ScheduledChunk
+from worker.engine.attention_backend import AttentionBackend
 from worker.engine.kv_pool import KVPool
 from worker.kernels.cpu_decode_kernel import DecodeStep
+
+if TYPE_CHECKING:
+    from worker.engine.triton_step import TritonStep
 
 GROUP_GROWTH = 1.5
 MIN_GROUP_SIZE = 4  # below this, another attention call costs more than the padding it saves
@@ -68,10 +74,13 @@ class PagedStep:
     decode_table: DecodeTable | None  # instead of decode_groups when the pool has the CPU decode kernel
     prefills: list[PrefillChunk]
     flash: FlashMetadata | None
+    triton: TritonStep | None  # the Triton kernels' metadata, instead of decode_groups, decode_table and prefills
 
 
-def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_flash: bool) -> PagedStep:
+def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, backend: AttentionBackend) -> PagedStep:
     chunks, block_size = batch.chunks, kv_pool.block_size
+    for_flash, for_triton = backend is AttentionBackend.FLASH_ATTN, backend is AttentionBackend.TRITON
+    is_gathering = not (for_flash or for_triton)  # the SDPA path's metadata, for the C kernel's pool too
     has_kernel = kv_pool.decode_kernel is not None  # never on a flash pool: its layout is not heads-major
     input_ids, positions, slots, rows, logits_indices = [], [], [], [], []
     decode_chunks: list[ScheduledChunk] = []  # the decode rows, and where their tokens lie in the step
@@ -111,10 +120,11 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, for_fl
         slot_mapping=slot_mapping,
         logits_indices=int64_tensor(logits_indices, device),
         token_rows=int64_tensor(rows, device),
-        decode_groups=[] if for_flash or has_kernel else _decode_groups(chunks, kv_pool, device),
+        decode_groups=_decode_groups(chunks, kv_pool, device) if is_gathering and not has_kernel else [],
         decode_table=decode_table,
-        prefills=_prefill_chunks(chunks, block_size, device) if has_prefill and not for_flash else [],
+        prefills=_prefill_chunks(chunks, block_size, device) if has_prefill and is_gathering else [],
         flash=_flash_metadata(chunks, device) if for_flash else None,
+        triton=_triton_step(chunks, slot_mapping, kv_pool, device) if for_triton else None,
     )
 
 
@@ -127,7 +137,7 @@ def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
 
 
-def _block_tables(chunks: list[ScheduledChunk]) -> torch.Tensor:
+def padded_block_tables(chunks: list[ScheduledChunk]) -> torch.Tensor:
     """[R, max_blocks] int64 on the CPU, padded with block 0 (masked out wherever it pads)."""
     tables = [chunk.request.block_table for chunk in chunks]
     width = max(map(len, tables))
@@ -184,7 +194,7 @@ def _decode_table(
 ) -> DecodeTable:
     """The decode rows `chunks`, whose tokens lie at `token_index` of the step's `num_step_tokens`."""
     lens = [chunk.start + 1 for chunk in chunks]
-    block_tables, context_lens = _block_tables(chunks), int64_tensor(lens, torch.device("cpu"))
+    block_tables, context_lens = padded_block_tables(chunks), int64_tensor(lens, torch.device("cpu"))
     if int(block_tables.max()) >= kv_pool.num_blocks:  # the kernel reads every listed block without checking
         raise IndexError(f"a block table lists a block outside the pool's {kv_pool.num_blocks}")
     kernel_step = None
@@ -232,5 +242,13 @@ def _flash_metadata(chunks: list[ScheduledChunk], device: torch.device) -> Flash
         cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=device),
         max_seqlen_q=max(chunk.num_tokens for chunk in chunks),
         max_seqlen_k=max(chunk.end for chunk in chunks),
-        block_table=_block_tables(chunks).to(device=device, dtype=torch.int32),
+        block_table=padded_block_tables(chunks).to(device=device, dtype=torch.int32),
     )
+
+
+def _triton_step(
+    chunks: list[ScheduledChunk], slot_mapping: torch.Tensor, kv_pool: KVPool, device: torch.device
+) -> TritonStep:
+    from worker.engine.triton_step import build_triton_step  # imports triton: only on workers that run it
+
+    return build_triton_step(chunks, slot_mapping, kv_pool, device)

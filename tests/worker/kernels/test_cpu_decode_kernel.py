@@ -11,6 +11,7 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
+from worker.engine.attention_backend import AttentionBackend
 from worker.engine.kv_pool import KVPool, KVShape
 from worker.engine.model_runner import ModelRunner
 from worker.engine.paged_attention import decode_attention, gather_blocks, gather_keys
@@ -176,12 +177,15 @@ def test_a_step_the_kernel_would_read_or_write_out_of_bounds_is_refused(kernel: 
         return Batch([ScheduledChunk(request, 19, 1, is_sampling=True)])
 
     with pytest.raises(IndexError):  # 20 tokens in one block of 16
-        build_paged_step(decode_step([0]), pool, torch.device("cpu"), for_flash=False)
+        build_paged_step(decode_step([0]), pool, torch.device("cpu"), AttentionBackend.CPU_KERNEL)
     with pytest.raises(IndexError, match="outside the pool"):  # block 7 of a pool of 4
-        build_paged_step(decode_step([0, 7]), pool, torch.device("cpu"), for_flash=False)
+        build_paged_step(decode_step([0, 7]), pool, torch.device("cpu"), AttentionBackend.CPU_KERNEL)
     with pytest.raises(IndexError, match="block table lists a block outside"):  # an earlier block past the pool
-        build_paged_step(decode_step([9, 3]), pool, torch.device("cpu"), for_flash=False)
-    assert build_paged_step(decode_step([0, 3]), pool, torch.device("cpu"), for_flash=False).decode_table is not None
+        build_paged_step(decode_step([9, 3]), pool, torch.device("cpu"), AttentionBackend.CPU_KERNEL)
+    assert (
+        build_paged_step(decode_step([0, 3]), pool, torch.device("cpu"), AttentionBackend.CPU_KERNEL).decode_table
+        is not None
+    )
 
 
 @needs_compiler

@@ -41,7 +41,7 @@ def self_draft(runner: ModelRunner, config: Config) -> DraftModel:
         raise ValueError(f"a self-draft of a {num_target_layers}-layer model needs 1 to {num_target_layers - 1} layers")
     model = truncated_model(runner.model, num_layers)
     logger.info("self-draft speculation: the first %d of %d layers", num_layers, num_target_layers)
-    return DraftModel(model, runner.kv_pool, runner.device, runner.is_flash, shares_target_pool=True)
+    return DraftModel(model, runner.kv_pool, runner.device, runner.attention_backend, shares_target_pool=True)
 
 
 def truncated_model(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
@@ -70,5 +70,5 @@ def loaded_draft_model(runner: ModelRunner) -> DraftModel:
     if runner.draft_model is None or runner.draft_kv_pool is None:
         raise ValueError("the worker loaded no draft model")
     return DraftModel(
-        runner.draft_model, runner.draft_kv_pool, runner.device, runner.is_flash, shares_target_pool=False
+        runner.draft_model, runner.draft_kv_pool, runner.device, runner.attention_backend, shares_target_pool=False
     )

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
+from worker.engine.attention_backend import AttentionBackend
 from worker.engine.kv_pool import KVPool
 from worker.engine.model_runner import paged_forward
 from worker.engine.paged_step import build_paged_step
@@ -32,7 +33,7 @@ class DraftModel:
     model: PreTrainedModel
     kv_pool: KVPool
     device: torch.device
-    is_flash: bool
+    attention_backend: AttentionBackend
     shares_target_pool: bool  # self-draft: the target's pool already holds its layers' K/V of computed tokens
 
 
@@ -92,7 +93,7 @@ class DraftProposer:
         """The draft's greedy next token after each chunk; passes of one token a row time a proposal's cost."""
         started = time.perf_counter()
         draft = self.draft
-        step = build_paged_step(Batch(chunks), draft.kv_pool, draft.device, for_flash=draft.is_flash)
+        step = build_paged_step(Batch(chunks), draft.kv_pool, draft.device, draft.attention_backend)
         tokens = paged_forward(draft.model, step, draft.kv_pool).argmax(dim=-1).tolist()
         if all(chunk.num_tokens == 1 for chunk in chunks):  # a catch-up's prefill is no proposal's cost
             self.seconds_per_pass = running_mean(self.seconds_per_pass, time.perf_counter() - started, TIMING_DECAY)

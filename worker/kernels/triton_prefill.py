@@ -1,0 +1,161 @@
+"""Paged prefill attention in Triton: each chunk's queries attend causally to their row's earlier tokens and to the
+chunk itself, all read from the KV pool's blocks in place (the chunk's own K/V are written there first).
+
+One kernel serves a first chunk, a later chunk of a long prompt and a speculative verify chunk alike: a chunk is
+(its queries' span of the packed step, its first token's position in the row, the row's block table), and query i
+of a chunk starting at position p sees the row's tokens 0..p + i. One program per (chunk, tile of queries, query
+head); tiles past a chunk's end return at once, and a tile stops reading keys at its last query's position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from worker.kernels.triton_common import (
+    LOG2_E,
+    dot,
+    dot_precision,
+    is_interpreted,
+    kv_strides,
+    padded_size,
+    tile_size,
+)
+
+IS_INTERPRETED = is_interpreted()  # as the kernel below is defined: compiled, or run by the interpreter
+
+
+@triton.jit
+def _prefill_kernel(
+    query_ptr,  # [N, H, D]: the step's packed queries, any strides
+    k_cache_ptr,  # one layer's keys, addressed through (head, block, token, dim) strides
+    v_cache_ptr,  # one layer's values, likewise
+    block_tables_ptr,  # [R, W] int32
+    query_starts_ptr,  # [R] int32: each chunk's first query in the packed step
+    query_lens_ptr,  # [R] int32: each chunk's tokens
+    context_starts_ptr,  # [R] int32: each chunk's first token's position in its row (tokens already cached)
+    out_ptr,  # [N, H, D] contiguous
+    scale_log2,  # softmax scale times log2(e)
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kh,
+    stride_kb,
+    stride_kt,
+    stride_kd,
+    stride_vh,
+    stride_vb,
+    stride_vt,
+    stride_vd,
+    stride_table,
+    block_size,
+    num_heads,
+    head_dim,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    IS_INTERPRETED: tl.constexpr,
+):
+    chunk, tile, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    query_len = tl.load(query_lens_ptr + chunk)
+    if tile * BLOCK_M >= query_len:
+        return
+    query_start = tl.load(query_starts_ptr + chunk)
+    context_start = tl.load(context_starts_ptr + chunk)
+
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m, mask_d = offs_m < query_len, offs_d < head_dim
+    positions = context_start + offs_m  # [M] each query's position in its row: it sees keys 0..position
+    q_ptrs = query_ptr + (query_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd
+    query = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [M, D]
+
+    max_score = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    sum_exp = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    kv_head = head // GROUP
+    kv_head = kv_head.to(tl.int64)  # a large pool's offsets pass 2**31 elements
+    k_head, v_head = k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh
+    kv_end = context_start + tl.minimum((tile + 1) * BLOCK_M, query_len)  # one past the tile's last query
+    for kv_tile in range(0, kv_end, BLOCK_N):
+        offs_n = kv_tile + tl.arange(0, BLOCK_N)  # [N] key positions in the row
+        mask_n = offs_n < kv_end
+        blocks = tl.load(block_tables_ptr + chunk * stride_table + offs_n // block_size, mask=mask_n, other=0).to(
+            tl.int64
+        )
+        within = offs_n % block_size
+        mask_nd = mask_n[:, None] & mask_d[None, :]
+        k_ptrs = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_kt + offs_d[None, :] * stride_kd
+        keys = tl.load(k_ptrs, mask=mask_nd, other=0.0)  # [N, D]
+        scores = dot(query, tl.trans(keys), DOT_PRECISION, IS_INTERPRETED) * scale_log2  # [M, N]
+        is_visible = (offs_n[None, :] <= positions[:, None]) & mask_n[None, :]
+        scores = tl.where(is_visible, scores, float("-inf"))
+        new_max = tl.maximum(max_score, tl.max(scores, 1))  # finite: every query sees key 0 in the first tile
+        rescale = tl.exp2(max_score - new_max)
+        probs = tl.exp2(scores - new_max[:, None])  # [M, N]
+        sum_exp = sum_exp * rescale + tl.sum(probs, 1)
+        v_ptrs = v_head + blocks[:, None] * stride_vb + within[:, None] * stride_vt + offs_d[None, :] * stride_vd
+        values = tl.load(v_ptrs, mask=mask_nd, other=0.0)  # [N, D]
+        acc = acc * rescale[:, None] + dot(probs.to(values.dtype), values, DOT_PRECISION, IS_INTERPRETED)
+        max_score = new_max
+
+    out_ptrs = out_ptr + ((query_start + offs_m)[:, None] * num_heads + head) * head_dim + offs_d[None, :]
+    tl.store(out_ptrs, (acc / sum_exp[:, None]).to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def paged_prefill(
+    query: torch.Tensor,  # [N, H, D] the step's packed queries, any strides
+    k_cache: torch.Tensor,  # [Hkv, blocks, block_size, D], or [Hkv, blocks, D, block_size] with `keys_transposed`
+    v_cache: torch.Tensor,  # [Hkv, blocks, block_size, D]
+    block_tables: torch.Tensor,  # [R, W] int32, contiguous rows: each chunk's row's blocks
+    query_starts: torch.Tensor,  # [R] int32: each chunk's first query in `query` and `out`
+    query_lens: torch.Tensor,  # [R] int32, each at least 1
+    context_starts: torch.Tensor,  # [R] int32: the chunk's first token's position in its row
+    max_query_len: int,
+    out: torch.Tensor,  # [N, H, D] contiguous: the chunks' attention is written at their spans
+    scale: float,
+    keys_transposed: bool = False,
+) -> None:
+    """Attention of every chunk's queries over its row's K/V in the pool, which must already hold the chunk's own."""
+    _, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = v_cache.shape[0], v_cache.shape[2]
+    constants = prefill_constants(num_heads // num_kv_heads, head_dim, query.dtype)
+    grid = (block_tables.shape[0], triton.cdiv(max_query_len, constants["BLOCK_M"]), num_heads)
+    _prefill_kernel[grid](
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_starts,
+        query_lens,
+        context_starts,
+        out,
+        scale * LOG2_E,
+        *query.stride(),
+        *kv_strides(k_cache, keys_transposed),
+        *kv_strides(v_cache, False),
+        block_tables.stride(0),
+        block_size,
+        num_heads,
+        head_dim,
+        **constants,
+    )
+
+
+def prefill_constants(group: int, head_dim: int, dtype: torch.dtype) -> dict[str, Any]:
+    """The prefill kernel's compile-time arguments for `group` query heads per KV head."""
+    block_d = padded_size(head_dim)
+    tile = tile_size(block_d, dtype)  # queries per program, and keys per step of its loop
+    return {
+        "GROUP": group,
+        "BLOCK_M": tile,
+        "BLOCK_D": block_d,
+        "BLOCK_N": tile,
+        "DOT_PRECISION": dot_precision(dtype),
+        "IS_INTERPRETED": IS_INTERPRETED,
+    }
