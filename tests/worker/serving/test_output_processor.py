@@ -16,12 +16,13 @@ from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
 from tasks.messages import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
+from tasks.steering_messages import SteeringSource
 from tasks.streams import RedisKeys
 from tests.conftest import free_port
 from worker.engine.interface import EngineOutput
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
 from worker.text.choice import Choice, engine_request_id
-from worker.text.steering_report import REQUEST, SteeringReport
+from worker.text.steering_report import SteeringReport
 from worker.text.text_stream import TextStream
 
 
@@ -92,7 +93,7 @@ def followed_request(tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple
     request_id = f"cmpl-{uuid.uuid4().hex}"
     prompt = tokenizer.encode("the cat")
     request = GenerateRequest(request_id, Endpoint.COMPLETIONS, "tiny", prompt, SamplingParams(16, stop=stop), 0, n=n)
-    followed = FollowedRequest(request, SteeringReport(request_id, None, REQUEST))
+    followed = FollowedRequest(request, SteeringReport(request_id, None, SteeringSource.REQUEST))
     for index in range(n):
         choice_id = engine_request_id(request, index)
         followed.choices[choice_id] = Choice(
