@@ -3,6 +3,8 @@
     python -m scripts.batch_client submit prompts.jsonl --out results.jsonl [--errors errors.jsonl]
         [--base-url http://127.0.0.1:8000/v1] [--idempotency-key KEY] [--poll-s 0.5]
 
+The API key comes from STEERBATCH_API_KEY (or --api-key, which other users of the machine can see in `ps`).
+
 Uploads the file (`purpose=batch`), creates the batch for the endpoint its first line names, shows a progress bar
 until the batch ends, and writes the output file (and the error file, if any). Ctrl-C cancels the
 batch; the lines that had finished are still written. The same --idempotency-key resumes a batch already created
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import uuid
@@ -35,7 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     submit.add_argument("--out", type=Path, required=True, help="where the output lines go")
     submit.add_argument("--errors", type=Path, help="where the error lines go (default: <out>.errors.jsonl)")
     submit.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    submit.add_argument("--api-key", default="unused")
+    submit.add_argument("--api-key", default=os.environ.get("STEERBATCH_API_KEY", "unused"))
     submit.add_argument("--idempotency-key", help="reuse to resume the batch an earlier run created")
     submit.add_argument("--poll-s", type=float, default=0.5)
     return parser.parse_args(argv)
