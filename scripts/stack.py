@@ -49,14 +49,15 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
 
     def start(self, *, with_flower: bool = False, ready_timeout_s: float = 180.0) -> None:
+        flower_command = _flower_command(self.config) if with_flower else None  # refuses before anything starts
         try:
             if self.config.is_redis_embedded:
                 self._start_embedded_redis()
             upgrade_to_head(self.config.database_url)
             self.start_worker()
             self._start("api", _api_command())
-            if with_flower:
-                self._start("flower", _flower_command(self.config))
+            if flower_command is not None:
+                self._start("flower", flower_command)
             self._wait_ready(ready_timeout_s)
         except BaseException:
             self.stop()

@@ -14,6 +14,7 @@ import requests
 
 from scripts.stack import Stack
 from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end
+from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
 
 SAE_ID = "tiny/resid_post_2"
@@ -38,11 +39,12 @@ def blue(steering_demo: dict) -> dict:
 
 
 def get(stack: Stack, path: str) -> requests.Response:
-    return requests.get(f"{stack.base_url}{path}", timeout=30)
+    return requests.get(f"{stack.base_url}{path}", headers=auth(stack), timeout=30)
 
 
 def send(stack: Stack, method: str, path: str, body: dict | None = None, **kwargs: object) -> requests.Response:
-    return requests.request(method, f"{stack.base_url}{path}", json=body, timeout=120, **kwargs)  # type: ignore[arg-type]
+    headers = {**auth(stack), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+    return requests.request(method, f"{stack.base_url}{path}", json=body, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
 
 
 def chat(stack: Stack, **extra: object) -> dict:
@@ -184,7 +186,7 @@ def test_bad_steering_and_monitor_input_is_a_400_naming_the_field(served: Stack,
     response = requests.post(
         f"{served.base_url}/v1/chat/completions",
         data=json.dumps(body),
-        headers={"Content-Type": "application/json"},
+        headers={**auth(served), "Content-Type": "application/json"},
         timeout=30,
     )
     assert response.status_code == 400, response.text
