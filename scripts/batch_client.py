@@ -22,6 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
+import openai
 from openai import OpenAI
 from openai.types import Batch
 from tqdm import tqdm
@@ -107,7 +108,11 @@ def write_results(client: OpenAI, batch: Batch, out: Path, errors: Path) -> None
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
-    return submit(args)
+    try:
+        return submit(args)
+    except openai.AuthenticationError as exc:
+        logger.error("the API refused the key (%s): set STEERBATCH_API_KEY to a key of yours", exc.message)
+        return 1
 
 
 if __name__ == "__main__":

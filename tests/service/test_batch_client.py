@@ -38,3 +38,11 @@ def test_submit_writes_the_output_and_error_files_and_a_key_resumes(
     assert main([*args, "--idempotency-key", "cli-run"]) == 0
     assert len(out.read_text().splitlines()) == 3
     assert count_batches(stack) == num_batches
+
+
+def test_a_wrong_key_is_refused_with_a_message(stack: Stack, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(chat_line(stack, "p", max_tokens=3)) + "\n")
+    args = ["submit", str(prompts), "--out", str(tmp_path / "out.jsonl"), "--base-url", f"{stack.base_url}/v1"]
+    assert main([*args, "--api-key", "sb-wrong"]) == 1
+    assert "refused the key" in caplog.text and not (tmp_path / "out.jsonl").exists()

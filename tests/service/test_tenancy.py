@@ -25,12 +25,16 @@ def upload(stack: Stack, key: str, content: bytes, idempotency_key: str | None =
     return requests.post(f"{stack.base_url}/v1/files", data={"purpose": "batch"}, files=files, headers=headers)
 
 
-def test_the_batch_list_shows_only_ones_own(stack: Stack, tenant_keys: TenantKeys) -> None:
+def test_the_batch_list_and_output_show_only_ones_own(stack: Stack, tenant_keys: TenantKeys) -> None:
     batch_id = submit(stack, [chat_line(stack, "mine", max_tokens=2)], key=tenant_keys.a)
     assert batch_id in listed_batches(stack, bearer(tenant_keys.a))
     assert batch_id not in listed_batches(stack, bearer(tenant_keys.b))
     assert batch_id not in listed_batches(stack, auth(stack))  # admin scope is not another tenant's view
-    assert wait_for_end(stack, batch_id, key=tenant_keys.a).status == "completed"
+    batch = wait_for_end(stack, batch_id, key=tenant_keys.a)
+    assert batch.status == "completed"
+    output = f"{stack.base_url}/v1/files/{batch.output_file_id}/content"  # the batch's tenant owns its output too
+    assert requests.get(output, headers=bearer(tenant_keys.a), timeout=10).status_code == 200
+    assert requests.get(output, headers=bearer(tenant_keys.b), timeout=10).status_code == 404
 
 
 def test_a_batch_cannot_start_from_another_tenants_file(stack: Stack, tenant_keys: TenantKeys) -> None:
