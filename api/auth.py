@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import logging
 from dataclasses import dataclass
+from typing import NoReturn
 
 from flask import g, request
 
@@ -22,7 +23,6 @@ from tasks.tenants import DEFAULT_TENANT
 logger = logging.getLogger(__name__)
 OPEN_ENDPOINTS = frozenset({"health.health"})
 STATIC_KEY_NAME = "API_KEY"  # how logs name the key from the environment
-OPEN_KEY_NAME = "(open mode)"
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class Principal:
         return self.scope == Scope.ADMIN
 
 
+OPEN_PRINCIPAL = Principal(DEFAULT_TENANT, Scope.ADMIN, "(open mode)")
+
+
 def authenticate() -> None:
     """Flask's before_request hook: sets g.principal, or answers 401 in OpenAI's shape."""
     if request.endpoint in OPEN_ENDPOINTS:
@@ -45,16 +48,9 @@ def authenticate() -> None:
     key = _bearer_key()
     principal = None if key is None else _principal_for(key)
     if principal is None and _is_open():
-        principal = Principal(DEFAULT_TENANT, Scope.ADMIN, OPEN_KEY_NAME)
+        principal = OPEN_PRINCIPAL
     if principal is None:
-        reason = "no key" if key is None else "an unknown or revoked key"
-        logger.info("401 for %s %s from %s: %s", request.method, request.path, request.remote_addr, reason)
-        message = (
-            "You didn't provide an API key. Send it as `Authorization: Bearer <key>`."
-            if key is None
-            else "Incorrect API key provided."
-        )
-        raise APIError(401, message, code="invalid_api_key")
+        _refuse(key)
     g.principal = principal
 
 
@@ -67,6 +63,17 @@ def require_admin(what: str) -> None:
     if not current_principal().is_admin:
         message = f"Only an admin key may {what}: it changes what every tenant gets."
         raise APIError(403, message, code="insufficient_permissions")
+
+
+def _refuse(key: str | None) -> NoReturn:
+    reason = "no key" if key is None else "an unknown or revoked key"  # the key itself is never logged
+    logger.info("401 for %s %s from %s: %s", request.method, request.path, request.remote_addr, reason)
+    message = (
+        "You didn't provide an API key. Send it as `Authorization: Bearer <key>`."
+        if key is None
+        else "Incorrect API key provided."
+    )
+    raise APIError(401, message, code="invalid_api_key")
 
 
 def _bearer_key() -> str | None:

@@ -21,7 +21,7 @@ from tasks.streams import RedisKeys
 from tests.conftest import free_port
 from worker.engine.interface import EngineOutput
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
-from worker.text.choice import Choice, engine_request_id
+from worker.text.choice import ENGINE_FAILURE, Choice, engine_request_id
 from worker.text.steering_report import SteeringReport
 from worker.text.text_stream import TextStream
 
@@ -158,15 +158,16 @@ def test_a_stop_string_ends_the_choice_and_cancels_it_in_the_engine(
     assert "".join(event.text for event in events(client, config, followed)) == " a small "
 
 
-def test_an_engine_error_ends_the_request_with_it(
+def test_an_engine_error_ends_the_request_without_its_internals(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
     processor, _ = start(processors, config, tokenizer)
     followed = followed_request(tokenizer, n=2)
     processor.follow(followed)
-    processor.put(followed, EngineOutput(list(followed.choices)[1], [], error="the engine step failed"))
+    processor.put(followed, EngineOutput(list(followed.choices)[1], [], error="step failed in /opt/kernels/x.so"))
     assert followed.done.wait(5)
-    assert followed.error is not None and followed.error.message == "the engine step failed"
+    assert followed.error is not None and followed.error.message == ENGINE_FAILURE  # the log has the engine's text
+    assert followed.error.type == "server_error"
     assert followed.failure is None
 
 
