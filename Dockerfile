@@ -1,8 +1,10 @@
-# One image for the api, the worker and Flower; the command picks the role.
+# One image for the api, the worker and Flower; the command picks the role. Its processes run as the unprivileged
+# user `steerbatch`, never as root. The api binds 0.0.0.0 inside the container, so it refuses to start until a key
+# exists (API_KEY, or `python -m scripts.api_keys create`).
 # For GPUs, point pip at the CUDA build of torch 2.13.0 that matches the host's driver (PIP_INDEX_URL).
 FROM python:3.11-slim
 WORKDIR /app
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HOST=0.0.0.0
 COPY pyproject.toml README.md ./
 COPY api api
 COPY tasks tasks
@@ -13,5 +15,10 @@ COPY scripts scripts
 COPY migrations migrations
 COPY alembic.ini ./
 RUN pip install torch==2.13.0 && pip install -e .
-EXPOSE 8000 5555
-CMD ["gunicorn", "--worker-class", "gthread", "--threads", "64", "--bind", "0.0.0.0:8000", "api.app:create_app()"]
+# The code stays root's and read-only to the service; var/ (a SQLite file, if one is used) and the caches are its own.
+RUN useradd --system --create-home --uid 10001 steerbatch \
+    && mkdir -p /app/var /home/steerbatch/.cache/huggingface \
+    && chown -R steerbatch:steerbatch /app/var /home/steerbatch/.cache
+USER steerbatch
+EXPOSE 8000
+CMD ["gunicorn", "-c", "python:api.gunicorn_conf", "api.app:create_app()"]

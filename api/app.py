@@ -7,6 +7,7 @@ import uuid
 
 from flask import Flask
 
+from api.auth import authenticate
 from api.blueprints import batches, chat, completions, files, health, models, requests, saes, steering
 from api.errors import register_error_handlers
 from api.prompts import load_model_info
@@ -37,6 +38,7 @@ def create_app(config: Config | None = None) -> Flask:
     blueprints = (chat, completions, models, requests, files, batches, health, saes, steering)
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
+    app.before_request(authenticate)  # every route but /health (DESIGN rule 7)
     app.teardown_appcontext(close_db_session)
     register_error_handlers(app)
     return app

@@ -40,17 +40,18 @@ class LineError(Exception):
         self.info = info
 
 
-def parse_lines(info: ModelInfo, content: bytes, batch_url: str) -> list[ParsedLine]:
-    """Every non-blank line of `content`, numbered from 1, valid or with its error; call inside a request."""
+def parse_lines(info: ModelInfo, content: bytes, batch_url: str, tenant: str) -> list[ParsedLine]:
+    """Every non-blank line of `content`, numbered from 1, valid or with its error, as `tenant`'s requests; call
+    inside a request."""
     parsed: list[ParsedLine] = []
     seen_custom_ids: set[str] = set()
     for line_no, raw in enumerate(content.decode("utf-8", errors="replace").splitlines(), start=1):
         if raw.strip():
-            parsed.append(_parse_line(info, line_no, raw, batch_url, seen_custom_ids))
+            parsed.append(_parse_line(info, line_no, raw, batch_url, tenant, seen_custom_ids))
     return parsed
 
 
-def _parse_line(info: ModelInfo, line_no: int, raw: str, batch_url: str, seen: set[str]) -> ParsedLine:
+def _parse_line(info: ModelInfo, line_no: int, raw: str, batch_url: str, tenant: str, seen: set[str]) -> ParsedLine:
     custom_id = None
     try:
         value = _json_object(raw)
@@ -63,7 +64,7 @@ def _parse_line(info: ModelInfo, line_no: int, raw: str, batch_url: str, seen: s
         if line.url != batch_url:
             message = f"url must be the batch's endpoint {batch_url}, not {line.url!r}"
             raise LineError(ErrorInfo(message, param="url", code="invalid_url"))
-        request = generate_request(info, URL_ENDPOINTS[line.url], line.body)
+        request = generate_request(info, URL_ENDPOINTS[line.url], line.body, tenant)
     except LineError as exc:
         return ParsedLine(line_no, custom_id, error=_with_line(exc.info, line_no))
     except ValidationError as exc:
@@ -83,7 +84,7 @@ def _json_object(raw: str) -> dict[str, Any]:
     return value
 
 
-def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any]) -> GenerateRequest:
+def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any], tenant: str) -> GenerateRequest:
     """The request one line's body makes, validated like a POST to its endpoint; a batch line never streams."""
     fields = (
         ChatCompletionRequest.model_validate(body)
@@ -97,7 +98,7 @@ def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any]) 
         prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages)
     else:
         prompt_ids = completion_prompt_ids(info.tokenizer, fields.prompt)
-    return build_generate_request(info, endpoint, fields, prompt_ids)
+    return build_generate_request(info, endpoint, fields, prompt_ids, tenant)
 
 
 def _with_line(info: ErrorInfo, line_no: int) -> dict[str, Any]:

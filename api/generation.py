@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 from flask import Response, jsonify, request
 
+from api.auth import current_principal
 from api.errors import APIError
 from api.prompts import ModelInfo
 from api.responses import StreamMeta, completion_object
@@ -42,9 +43,10 @@ def check_model_name(name: str) -> None:
 
 
 def build_generate_request(
-    info: ModelInfo, endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int]
+    info: ModelInfo, endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], tenant: str
 ) -> GenerateRequest:
-    """The worker's request for validated fields: sampling, steering and monitor checked against the model."""
+    """`tenant`'s request to the worker for validated fields: sampling, steering and monitor checked against the
+    model."""
     sampling = sampling_params(info, fields, len(prompt_ids))
     steering, monitor = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
     return GenerateRequest(
@@ -57,11 +59,13 @@ def build_generate_request(
         n=fields.n,
         steering=steering,
         monitor=monitor,
+        tenant=tenant,
     )
 
 
 def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict) -> Response:
-    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids)
+    tenant = current_principal().tenant
+    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids, tenant)
     record = _record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
 
@@ -71,6 +75,7 @@ def _record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Reques
     svc.redis.ping()  # Redis down: 503 before anything is written
     record = RequestRecord(
         id=generate_request.request_id,
+        tenant=generate_request.tenant,
         endpoint=generate_request.endpoint.value,
         model=generate_request.model,
         status=RequestStatus.QUEUED.value,
@@ -80,6 +85,7 @@ def _record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Reques
     )
     session = db_session()
     create_request(session, record)
+    logger.info("request %s from key %s (tenant %s)", record.id, current_principal().key_name, record.tenant)
     try:
         enqueue_generate(svc.celery, svc.config, generate_request)
     except Exception:

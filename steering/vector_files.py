@@ -7,12 +7,14 @@ writes a repeng ControlVector. A path never reaches outside the root.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+logger = logging.getLogger(__name__)
 VECTOR_SUFFIX = ".safetensors"
 
 
@@ -36,7 +38,9 @@ def load_vector(root: Path, path: str, layer: int, hidden_size: int) -> torch.Te
     try:
         tensors = load_file(file, device="cpu")
     except (OSError, SafetensorError) as exc:
-        raise ValueError(f"steering vector file {path!r} cannot be read: {exc}") from None
+        # the reason names the file's absolute path: the log keeps it, the client's message only names its own path
+        logger.warning("steering vector file %s cannot be read: %s", file, exc)
+        raise ValueError(f"steering vector file {path!r} cannot be read") from None
     if len(tensors) == 1:
         (vector,) = tensors.values()
     elif str(layer) in tensors:

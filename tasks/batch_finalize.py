@@ -51,6 +51,7 @@ def _final_status(batch: BatchRecord) -> BatchStatus:
 
 def close_batch(session: Session, batch_id: str, expected: BatchStatus, final: BatchStatus) -> bool:
     """Write the files and move `expected` -> `final`; False, writing nothing, if the batch was no longer `expected`."""
+    tenant = session.scalar(select(BatchRecord.tenant).where(BatchRecord.id == batch_id))  # owns the files too
     lines = session.scalars(select(BatchLine).where(BatchLine.batch_id == batch_id).order_by(BatchLine.line_no)).all()
     outputs = [output_line(line) for line in lines if line.status == LineStatus.COMPLETED.value]
     errors = [error_line(line) for line in lines if line.status != LineStatus.COMPLETED.value]
@@ -63,6 +64,7 @@ def close_batch(session: Session, batch_id: str, expected: BatchStatus, final: B
             content = render_jsonl(rows)
             file = FileRecord(
                 id=new_id("file-"),
+                tenant=tenant,
                 purpose=OUTPUT_PURPOSE,
                 filename=f"{batch_id}_{suffix}.jsonl",
                 bytes=len(content),

@@ -9,6 +9,7 @@ from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, LargeBinary, Str
 from sqlalchemy.orm import Mapped, deferred, mapped_column
 
 from tasks.models import Base
+from tasks.tenants import DEFAULT_TENANT
 
 
 class BatchStatus(str, Enum):
@@ -43,8 +44,10 @@ OPEN_LINE_VALUES = tuple(status.value for status in OPEN_LINE_STATUSES)
 
 class FileRecord(Base):
     __tablename__ = "files"
+    __table_args__ = (UniqueConstraint("tenant", "idempotency_key", name="uq_files_tenant_idempotency_key"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT)
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(String(512))
     bytes: Mapped[int] = mapped_column(Integer)
@@ -52,14 +55,19 @@ class FileRecord(Base):
     # In the database, not on a disk: api and workers on different machines see the same files, and a batch's
     # output file commits in the same transaction as its final status.
     content: Mapped[bytes] = deferred(mapped_column(LargeBinary, nullable=False))
-    idempotency_key: Mapped[str | None] = mapped_column(String(256), unique=True, nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)  # unique per tenant
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class BatchRecord(Base):
     __tablename__ = "batches"
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_batches_tenant_idempotency_key"),
+        Index("ix_batches_tenant_id", "tenant", "id"),  # a tenant's batches, newest first
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT)
     endpoint: Mapped[str] = mapped_column(String(64))  # the url of every line, e.g. /v1/chat/completions
     model: Mapped[str] = mapped_column(String(256))
     input_file_id: Mapped[str] = mapped_column(String(64))
@@ -79,7 +87,7 @@ class BatchRecord(Base):
     expired_at: Mapped[int | None] = mapped_column(Integer, nullable=True)
     cancelling_at: Mapped[int | None] = mapped_column(Integer, nullable=True)
     cancelled_at: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    idempotency_key: Mapped[str | None] = mapped_column(String(256), unique=True, nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)  # unique per tenant
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     @property

@@ -61,8 +61,11 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8000
     api_threads: int = 64
+    # One static admin key (tenant "default") besides the keys in SQL; with neither, the api serves loopback only.
+    api_key: str = ""
+    flower_host: str = "127.0.0.1"
     flower_port: int = 5555
-    flower_basic_auth: str = "admin:steerbatch"
+    flower_basic_auth: str = ""  # "user:password"; empty: `make serve` generates one into var/flower_password
     log_level: str = "INFO"
     # Batch API (files and bulk jobs)
     max_file_bytes: int = 100 * 1024 * 1024  # an upload over this is refused with 413

@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from tasks.steering_messages import MonitorSpec, SteeringSpec
+from tasks.tenants import DEFAULT_TENANT
 
 
 class Endpoint(str, Enum):
@@ -104,8 +105,9 @@ class GenerateRequest:
     sampling: SamplingParams
     created: int
     n: int = 1
-    steering: SteeringSpec | None = None  # None: the request said nothing, so the worker's profile applies
+    steering: SteeringSpec | None = None  # None: the request said nothing, so its tenant's or the worker's profile
     monitor: MonitorSpec | None = None
+    tenant: str = DEFAULT_TENANT  # whose request it is: picks the tenant's steering profile in the worker
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +120,7 @@ class GenerateRequest:
             "n": self.n,
             "steering": None if self.steering is None else self.steering.to_dict(),
             "monitor": None if self.monitor is None else self.monitor.to_dict(),
+            "tenant": self.tenant,
         }
 
     @classmethod
@@ -132,6 +135,7 @@ class GenerateRequest:
             n=int(data.get("n", 1)),
             steering=None if data.get("steering") is None else SteeringSpec.from_dict(data["steering"]),
             monitor=None if data.get("monitor") is None else MonitorSpec.from_dict(data["monitor"]),
+            tenant=data.get("tenant", DEFAULT_TENANT),  # messages and ledger rows from before tenancy
         )
 
 

@@ -9,6 +9,8 @@ from typing import Any
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from tasks.tenants import DEFAULT_TENANT
+
 
 class Base(DeclarativeBase):
     pass
@@ -29,6 +31,7 @@ class RequestRecord(Base):
     __tablename__ = "requests"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT)
     endpoint: Mapped[str] = mapped_column(String(32))
     model: Mapped[str] = mapped_column(String(256))
     status: Mapped[str] = mapped_column(String(16), index=True)

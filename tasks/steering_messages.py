@@ -14,6 +14,14 @@ from enum import Enum
 from typing import Any
 
 
+class SteeringSource(str, Enum):
+    """Where the steering a response reports came from: `steering.source`."""
+
+    REQUEST = "request"  # the request's own `steering`
+    TENANT_PROFILE = "tenant_profile"  # the default its tenant set with a user key
+    PROFILE = "profile"  # the worker-wide profile an admin set
+
+
 class MonitorPositions(str, Enum):
     PROMPT = "prompt"  # every prompt token
     COMPLETION = "completion"  # every generated token the model read back (all but the last)

@@ -1,5 +1,6 @@
 """Steering state shared through Redis: the SAE listing of the workers serving the model and each worker's monitor
-statistics (both expiring with the lease), the worker-wide steering profile, and the worker-wide monitor's settings.
+statistics (both expiring with the lease), the worker-wide steering profile, each tenant's own steering profile, and
+the worker-wide monitor's settings.
 
 Workers publish what only they can know (which SAEs fit their model); the api, which never loads torch, reads it to
 list SAEs and to validate requests against them.
@@ -13,7 +14,7 @@ from typing import Any
 import redis
 
 from tasks.config import Config
-from tasks.steering_messages import SteeringSpec
+from tasks.steering_messages import SteeringSource, SteeringSpec
 
 
 def _saes_key(config: Config) -> str:
@@ -25,8 +26,10 @@ def _monitor_stats_key(config: Config, worker: str) -> str:
     return f"{config.redis_prefix}monitor:stats:{worker}"
 
 
-def _profile_key(config: Config) -> str:
-    return f"{config.redis_prefix}steering:profile"
+def _profile_key(config: Config, tenant: str | None = None) -> str:
+    """The worker-wide profile's key, or with `tenant` that tenant's own (key creation checks tenant names)."""
+    suffix = "" if tenant is None else f":tenant:{tenant}"
+    return f"{config.redis_prefix}steering:profile{suffix}"
 
 
 def _monitor_settings_key(config: Config) -> str:
@@ -43,16 +46,26 @@ def read_saes(client: redis.Redis, config: Config) -> dict[str, dict[str, Any]]:
     return {listing["id"]: listing for listing in json.loads(raw)} if raw else {}
 
 
-def write_profile(client: redis.Redis, config: Config, profile: SteeringSpec | None) -> None:
+def write_profile(client: redis.Redis, config: Config, profile: SteeringSpec | None, tenant: str | None = None) -> None:
+    """The worker-wide profile, or with `tenant` that tenant's own; None clears it."""
     if profile is None:
-        client.delete(_profile_key(config))
+        client.delete(_profile_key(config, tenant))
     else:
-        client.set(_profile_key(config), json.dumps(profile.to_dict()))
+        client.set(_profile_key(config, tenant), json.dumps(profile.to_dict()))
 
 
-def read_profile(client: redis.Redis, config: Config) -> SteeringSpec | None:
-    raw = client.get(_profile_key(config))
+def read_profile(client: redis.Redis, config: Config, tenant: str | None = None) -> SteeringSpec | None:
+    raw = client.get(_profile_key(config, tenant))
     return None if raw is None else SteeringSpec.from_dict(json.loads(raw))
+
+
+def default_steering(client: redis.Redis, config: Config, tenant: str) -> tuple[SteeringSpec | None, SteeringSource]:
+    """The steering of a request that names none: its tenant's profile if the tenant set one, else the worker-wide
+    profile (None when neither exists). One round trip; read when the request runs, so a PUT applies at once."""
+    own, worker_wide = client.mget(_profile_key(config, tenant), _profile_key(config))
+    if own is not None:
+        return SteeringSpec.from_dict(json.loads(own)), SteeringSource.TENANT_PROFILE
+    return (None if worker_wide is None else SteeringSpec.from_dict(json.loads(worker_wide))), SteeringSource.PROFILE
 
 
 def write_monitor_settings(client: redis.Redis, config: Config, settings: dict[str, Any] | None) -> None:

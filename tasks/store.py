@@ -22,6 +22,12 @@ def get_request(session: Session, request_id: str) -> RequestRecord | None:
     return session.get(RequestRecord, request_id)
 
 
+def get_owned_request(session: Session, request_id: str, tenant: str) -> RequestRecord | None:
+    """The request if `tenant` owns it: another tenant's is as absent as one that never existed."""
+    record = session.get(RequestRecord, request_id)
+    return record if record is not None and record.tenant == tenant else None
+
+
 def claim_request(session: Session, request_id: str, worker: str) -> RequestStatus | None:
     """Mark a queued request running on `worker`; returns the status it had before (None if unknown)."""
     claimed = session.execute(

@@ -17,7 +17,7 @@ import redis
 import sqlalchemy
 import torch
 
-from scripts.stack import Stack
+from scripts.stack import Stack, launcher_key
 from tasks.config import REPO_ROOT, Config
 
 LOCAL_REDIS_PORT = 6379
@@ -144,13 +144,15 @@ def make_test_config(model_dir: Path, redis_url: str, database_url: str, **overr
 def stack(
     request: pytest.FixtureRequest, tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    """Real processes: a Celery worker holding the tiny model and the api under gunicorn, on each database."""
+    """Real processes: a Celery worker holding the tiny model and the api under gunicorn, on each database, with
+    auth on: `api_key` is an admin key of tenant "default" made in its database before it starts."""
     if request.param == "postgresql":
         database_url = request.getfixturevalue("postgres_url")
     else:
         database_url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'steerbatch.db'}"
     config = make_test_config(tiny_model_dir, redis_url, database_url)
-    running = Stack(config, log_dir=tmp_path_factory.mktemp(f"logs-{request.param}"))
+    log_dir = tmp_path_factory.mktemp(f"logs-{request.param}")
+    running = Stack(config, log_dir=log_dir, api_key=launcher_key(config, "test-admin"))
     running.start()
     yield running
     running.stop()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from flask import Blueprint, Response, jsonify, request
 from pydantic import Field
 from sqlalchemy import select
 
+from api.auth import current_principal
 from api.batch_lines import URL_ENDPOINTS, parse_lines
 from api.batch_objects import batch_object, line_row
 from api.batch_relay import batch_frames
@@ -28,6 +30,7 @@ from tasks.batch_store import accept_lines, begin_cancel, new_sortable_id, reque
 from tasks.celery_app import enqueue_chunk
 from tasks.streams import RedisKeys
 
+logger = logging.getLogger(__name__)
 bp = Blueprint("batches", __name__)
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_LIST_LIMIT = 100
@@ -70,8 +73,10 @@ def create_batch() -> Response:
 def _record_validating(create: BatchCreate, key: str | None, digest: str) -> BatchRecord:
     """The batch row, committed before anything is validated or enqueued (or the earlier one with this key)."""
     now = int(time.time())
+    principal = current_principal()
     batch = BatchRecord(
         id=new_sortable_id("batch_"),
+        tenant=principal.tenant,
         endpoint=create.endpoint,
         model=services().model_info.name,
         input_file_id=create.input_file_id,
@@ -83,14 +88,16 @@ def _record_validating(create: BatchCreate, key: str | None, digest: str) -> Bat
         idempotency_key=key,
         request_hash=digest,
     )
-    return commit_once(batch, key, digest, _by_key)
+    stored = commit_once(batch, key, digest, _by_key)
+    logger.info("batch %s from key %s (tenant %s)", stored.id, principal.key_name, principal.tenant)
+    return stored
 
 
 def _validate_and_start(batch: BatchRecord, content: bytes) -> None:
     """Every line into the ledger, then the batch in progress and its first chunks dispatched, or failed."""
     svc = services()
     session = db_session()
-    lines = parse_lines(svc.model_info, content, batch.endpoint)
+    lines = parse_lines(svc.model_info, content, batch.endpoint, batch.tenant)
     errors = [line.error for line in lines if line.error is not None] or ([] if lines else [EMPTY_FILE])
     if accept_lines(session, batch.id, [line_row(batch.id, line) for line in lines], errors):
         publish_status(svc.redis, svc.config, session, batch.id)
@@ -101,12 +108,16 @@ def _validate_and_start(batch: BatchRecord, content: bytes) -> None:
 
 
 def _by_key(key: str) -> BatchRecord | None:
-    return db_session().scalar(select(BatchRecord).where(BatchRecord.idempotency_key == key))
+    tenant = current_principal().tenant
+    return db_session().scalar(
+        select(BatchRecord).where(BatchRecord.tenant == tenant, BatchRecord.idempotency_key == key)
+    )
 
 
 def _find(batch_id: str) -> BatchRecord:
+    """The caller's batch; another tenant's gets the same 404 as a missing one."""
     batch = db_session().get(BatchRecord, batch_id, populate_existing=True)
-    if batch is None:
+    if batch is None or batch.tenant != current_principal().tenant:
         raise APIError(404, f"No batch with id `{batch_id}`.", param="batch_id", code="not_found")
     return batch
 
@@ -121,7 +132,8 @@ def list_batches() -> Response:
     limit = request.args.get("limit", 20, type=int)
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise APIError(400, f"limit must lie in [1, {MAX_LIST_LIMIT}]", param="limit")
-    query = select(BatchRecord).order_by(BatchRecord.id.desc()).limit(limit + 1)
+    tenant = current_principal().tenant
+    query = select(BatchRecord).where(BatchRecord.tenant == tenant).order_by(BatchRecord.id.desc()).limit(limit + 1)
     after = request.args.get("after")
     if after:
         query = query.where(BatchRecord.id < after)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import select
 
+from api.auth import current_principal
 from api.errors import APIError
 from api.file_objects import file_object
 from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
@@ -14,6 +16,7 @@ from api.services import db_session, services
 from tasks.batch_models import FileRecord
 from tasks.batch_store import new_id
 
+logger = logging.getLogger(__name__)
 bp = Blueprint("files", __name__)
 UPLOAD_PURPOSES = ("batch",)
 MULTIPART_OVERHEAD = 64 * 1024  # the form's boundaries and other fields, on top of the file itself
@@ -35,8 +38,10 @@ def create_file() -> Response:
     filename = upload.filename or "upload.jsonl"
     key = idempotency_key()
     digest = request_hash(purpose.encode(), filename.encode(), content)
+    principal = current_principal()
     record = FileRecord(
         id=new_id("file-"),
+        tenant=principal.tenant,
         purpose=purpose,
         filename=filename,
         bytes=len(content),
@@ -45,7 +50,9 @@ def create_file() -> Response:
         idempotency_key=key,
         request_hash=digest,
     )
-    return jsonify(file_object(_store_once(record, key, digest)))
+    stored = _store_once(record, key, digest)
+    logger.info("file %s from key %s (tenant %s)", stored.id, principal.key_name, principal.tenant)
+    return jsonify(file_object(stored))
 
 
 def _store_once(record: FileRecord, key: str | None, digest: str) -> FileRecord:
@@ -56,12 +63,14 @@ def _store_once(record: FileRecord, key: str | None, digest: str) -> FileRecord:
 
 
 def _by_key(key: str) -> FileRecord | None:
-    return db_session().scalar(select(FileRecord).where(FileRecord.idempotency_key == key))
+    tenant = current_principal().tenant
+    return db_session().scalar(select(FileRecord).where(FileRecord.tenant == tenant, FileRecord.idempotency_key == key))
 
 
 def find_file(file_id: str) -> FileRecord:
+    """The caller's file; another tenant's gets the same 404 as a missing one."""
     record = db_session().get(FileRecord, file_id)
-    if record is None:
+    if record is None or record.tenant != current_principal().tenant:
         raise APIError(404, f"No such File object: {file_id}", param="id", code="not_found")
     return record
 

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
+from api.auth import current_principal
 from api.errors import APIError
 from api.generation import cancel_generation, request_frames
 from api.responses import request_object
 from api.services import db_session, services
 from api.sse import last_event_id, sse_frame, sse_response
 from tasks.models import RequestRecord
-from tasks.store import get_request
+from tasks.store import get_owned_request
 from tasks.streams import RedisKeys
 
 bp = Blueprint("requests", __name__)
 
 
 def _find(request_id: str) -> RequestRecord:
-    record = get_request(db_session(), request_id)
+    """The caller's request; another tenant's gets the same 404 as a missing one, so ids leak nothing."""
+    record = get_owned_request(db_session(), request_id, current_principal().tenant)
     if record is None:
         raise APIError(404, f"No request with id `{request_id}`.", param="request_id", code="not_found")
     return record

@@ -11,9 +11,10 @@ import pytest
 import redis
 import requests
 
-from scripts.stack import Stack
+from scripts.stack import Stack, launcher_key
 from tests.conftest import make_test_config
 from tests.service.batch_helpers import chat_line, client_for, submit, wait_for_end, wait_until
+from tests.service.http import auth
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def few_threads(tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.T
     config = make_test_config(
         tiny_model_dir, redis_url, database_url, worker_concurrency=4, batch_chunk_size=1, batch_chunks_in_flight=2
     )
-    stack = Stack(config, log_dir=tmp_path_factory.mktemp("priority-logs"))
+    stack = Stack(config, log_dir=tmp_path_factory.mktemp("priority-logs"), api_key=launcher_key(config, "test-admin"))
     stack.start()
     yield stack
     stack.stop()
@@ -37,7 +38,7 @@ def test_chat_is_answered_while_long_batch_lines_hold_their_threads(few_threads:
     body = {"model": stack.config.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     for _ in range(6):  # more chats than the worker has threads: each must find a thread free of bulk work
         started = time.monotonic()
-        reply = requests.post(f"{stack.base_url}/v1/chat/completions", json=body, timeout=60)
+        reply = requests.post(f"{stack.base_url}/v1/chat/completions", json=body, headers=auth(stack), timeout=60)
         assert reply.status_code == 200 and time.monotonic() - started < 10
     assert client_for(stack).batches.retrieve(batch_id).status == "in_progress"
     client_for(stack).batches.cancel(batch_id)

@@ -13,12 +13,13 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from scripts.stack import Stack
+from scripts.stack import Stack, launcher_key
 from tasks.batch_models import OPEN_LINE_VALUES, BatchLine, LineStatus
 from tasks.db import make_db_engine, make_session_factory
 from tests.conftest import make_test_config
 from tests.postgres import own_database
 from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end, wait_until
+from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
 
 NUM_LINES = 24
@@ -50,7 +51,8 @@ def _mortal_stack(
         batch_chunk_size=4,
         batch_chunks_in_flight=2,
     )
-    stack = Stack(config, log_dir=tmp_path_factory.mktemp(f"batch-death-logs-{name}"))
+    log_dir = tmp_path_factory.mktemp(f"batch-death-logs-{name}")
+    stack = Stack(config, log_dir=log_dir, api_key=launcher_key(config, "test-admin"))
     stack.start()
     yield stack
     stack.stop()
@@ -101,7 +103,9 @@ def test_a_sigkilled_worker_loses_no_line_and_repeats_no_finished_one(mortal_sta
     assert all(after[no].attempts == at_kill[no].attempts + 1 for no in running_at_kill), "cut-off lines ran again"
     outputs = read_jsonl(stack, batch.output_file_id)
     assert sorted(line["custom_id"] for line in outputs) == sorted(f"line-{i}" for i in range(NUM_LINES))
-    with requests.get(f"{stack.base_url}/v1/batches/{batch_id}/events", stream=True, timeout=60) as response:
+    with requests.get(
+        f"{stack.base_url}/v1/batches/{batch_id}/events", headers=auth(stack), stream=True, timeout=60
+    ) as response:
         events = [frame.json for frame in data_frames(list(read_frames(response)))[:-1]]
     finished_events = [event["line_no"] for event in events if event["type"] == "line"]
     assert len(finished_events) == len(set(finished_events)), "a line finished twice"

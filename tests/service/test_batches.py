@@ -10,6 +10,7 @@ import requests
 
 from scripts.stack import Stack
 from tests.service.batch_helpers import chat_line, client_for, read_jsonl, submit, wait_for_end, wait_until
+from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
 
 
@@ -48,14 +49,16 @@ def test_a_batch_of_completions_gives_the_same_text_as_the_endpoint(stack: Stack
 def test_progress_events_cover_every_line_and_resume_after_last_event_id(stack: Stack) -> None:
     batch_id = submit(stack, [chat_line(stack, f"e-{i}") for i in range(4)])
     url = f"{stack.base_url}/v1/batches/{batch_id}/events"
-    with requests.get(url, stream=True, timeout=120) as response:
+    with requests.get(url, headers=auth(stack), stream=True, timeout=120) as response:
         frames = data_frames(list(read_frames(response)))
     assert frames[-1].data == "[DONE]"
     events = [frame.json for frame in frames[:-1]]
     assert sorted(event["custom_id"] for event in events if event["type"] == "line") == [f"e-{i}" for i in range(4)]
     assert events[-1]["type"] == "status" and events[-1]["status"] == "completed"
     assert events[-1]["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
-    with requests.get(url, headers={"Last-Event-ID": frames[1].event_id}, stream=True, timeout=120) as response:
+    with requests.get(
+        url, headers={**auth(stack), "Last-Event-ID": frames[1].event_id}, stream=True, timeout=120
+    ) as response:
         resumed = data_frames(list(read_frames(response)))
     assert [frame.data for frame in resumed] == [frame.data for frame in frames[2:]]
 

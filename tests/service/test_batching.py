@@ -12,6 +12,7 @@ import requests
 
 from scripts.stack import Stack
 from tasks.worker_stats import worker_stats_key
+from tests.service.http import auth
 
 NUM_CONCURRENT = 8
 MAX_TOKENS = 48
@@ -20,7 +21,7 @@ MAX_TOKENS = 48
 def complete(stack: Stack, prompt: str) -> dict:
     body = {"model": stack.config.model_name, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
             "ignore_eos": True}  # fmt: skip
-    response = requests.post(f"{stack.base_url}/v1/completions", json=body, timeout=120)
+    response = requests.post(f"{stack.base_url}/v1/completions", json=body, headers=auth(stack), timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import requests
 
 from scripts.stack import Stack
+from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
 
 USER_TURN = [{"role": "user", "content": "what is 3 plus 4?"}]
 
 
 def post(stack: Stack, path: str, body: dict, **kwargs: object) -> requests.Response:
-    return requests.post(f"{stack.base_url}{path}", json=body, timeout=120, **kwargs)  # type: ignore[arg-type]
+    return requests.post(f"{stack.base_url}{path}", json=body, headers=auth(stack), timeout=120, **kwargs)  # type: ignore[arg-type]
 
 
 def test_chat_completion_has_openai_shape_and_is_recorded(stack: Stack) -> None:
@@ -26,7 +27,7 @@ def test_chat_completion_has_openai_shape_and_is_recorded(stack: Stack) -> None:
     usage = body["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert 1 <= usage["completion_tokens"] <= 12
-    stored = requests.get(f"{stack.base_url}/v1/requests/{body['id']}", timeout=10).json()
+    stored = requests.get(f"{stack.base_url}/v1/requests/{body['id']}", headers=auth(stack), timeout=10).json()
     assert stored["status"] == "completed" and stored["response"] == body
 
 
@@ -68,7 +69,7 @@ def test_streamed_chat_ends_with_done_and_usage(stack: Stack) -> None:
     assert chunks[-2]["choices"][0]["finish_reason"] in ("stop", "length")
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] >= 1
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-    stored = requests.get(f"{stack.base_url}/v1/requests/{chunks[0]['id']}", timeout=10).json()
+    stored = requests.get(f"{stack.base_url}/v1/requests/{chunks[0]['id']}", headers=auth(stack), timeout=10).json()
     assert stored["response"]["choices"][0]["message"]["content"] == text
 
 
@@ -83,6 +84,6 @@ def test_concurrent_greedy_requests_get_identical_text(stack: Stack) -> None:
 
 
 def test_models_lists_the_served_model(stack: Stack) -> None:
-    models = requests.get(f"{stack.base_url}/v1/models", timeout=10).json()
+    models = requests.get(f"{stack.base_url}/v1/models", headers=auth(stack), timeout=10).json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == [stack.config.model_name]

@@ -8,7 +8,7 @@ from scripts.stack import Stack
 
 
 def client_for(stack: Stack) -> OpenAI:
-    return OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=0, timeout=120)
 
 
 def test_chat_create(stack: Stack) -> None:

@@ -14,6 +14,8 @@ import requests
 
 from scripts.stack import Stack
 from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end
+from tests.service.conftest import TenantKeys
+from tests.service.http import auth, bearer
 from tests.service.sse import data_frames, read_frames
 
 SAE_ID = "tiny/resid_post_2"
@@ -38,16 +40,19 @@ def blue(steering_demo: dict) -> dict:
 
 
 def get(stack: Stack, path: str) -> requests.Response:
-    return requests.get(f"{stack.base_url}{path}", timeout=30)
+    return requests.get(f"{stack.base_url}{path}", headers=auth(stack), timeout=30)
 
 
 def send(stack: Stack, method: str, path: str, body: dict | None = None, **kwargs: object) -> requests.Response:
-    return requests.request(method, f"{stack.base_url}{path}", json=body, timeout=120, **kwargs)  # type: ignore[arg-type]
+    headers = {**auth(stack), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+    return requests.request(method, f"{stack.base_url}{path}", json=body, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
 
 
-def chat(stack: Stack, **extra: object) -> dict:
+def chat(stack: Stack, key: str | None = None, **extra: object) -> dict:
+    """A greedy chat, with the stack's admin key or `key`."""
     body = {"model": stack.config.model_name, "messages": QUESTION, "max_tokens": MAX_TOKENS, "temperature": 0}
-    response = send(stack, "POST", "/v1/chat/completions", {**body, **extra})
+    headers = {} if key is None else bearer(key)
+    response = send(stack, "POST", "/v1/chat/completions", {**body, **extra}, headers=headers)
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -132,6 +137,40 @@ def test_the_profile_steers_requests_that_say_nothing(served: Stack, blue: dict,
     assert unsteered["steering"]["source"] == "request"
 
 
+@pytest.fixture
+def tenant_a_profile(served: Stack, blue: dict, tenant_keys: TenantKeys) -> Iterator[dict]:
+    """Tenant a's own profile, set with its user key (which writes its tenant's profile, not the worker-wide one)."""
+    steering = {"sae_id": SAE_ID, "features": [{"index": blue["index"], "strength": blue["strength"]}]}
+    response = send(served, "PUT", "/v1/steering/profile", steering, headers=bearer(tenant_keys.a))
+    assert response.status_code == 200, response.text
+    yield response.json()
+    send(served, "DELETE", "/v1/steering/profile", headers=bearer(tenant_keys.a))
+
+
+def test_a_tenants_own_profile_steers_only_its_own_requests(
+    served: Stack, blue: dict, tenant_keys: TenantKeys, tenant_a_profile: dict
+) -> None:
+    assert (tenant_a_profile["scope"], tenant_a_profile["tenant"]) == ("tenant", "a")
+    assert get(served, "/v1/steering/profile").json()["profile"] is None  # the worker-wide one is untouched
+    steered, other = chat(served, tenant_keys.a), chat(served, tenant_keys.b)
+    assert text(steered).lstrip().startswith(blue["token"].strip()), text(steered)
+    assert steered["steering"]["source"] == "tenant_profile"
+    assert "steering" not in other and text(other) == text(chat(served))
+    batch_id = submit(
+        served, [chat_line(served, "a-line", messages=QUESTION, max_tokens=MAX_TOKENS)], key=tenant_keys.a
+    )
+    batch = wait_for_end(served, batch_id, key=tenant_keys.a)
+    [line] = read_jsonl(served, batch.output_file_id, key=tenant_keys.a)
+    assert line["response"]["body"]["steering"]["source"] == "tenant_profile"
+
+
+def test_a_tenants_own_profile_wins_over_the_worker_wide_one(
+    served: Stack, tenant_keys: TenantKeys, tenant_a_profile: dict, profile: dict
+) -> None:
+    assert chat(served, tenant_keys.a)["steering"]["source"] == "tenant_profile"
+    assert chat(served, tenant_keys.b)["steering"]["source"] == "profile"
+
+
 def monitoring_workers(stack: Stack, settings: dict, min_count: int) -> list[dict]:
     """The workers whose monitor runs `settings` and has counted `min_count` tokens, once there are any."""
     deadline = time.monotonic() + 20
@@ -184,7 +223,7 @@ def test_bad_steering_and_monitor_input_is_a_400_naming_the_field(served: Stack,
     response = requests.post(
         f"{served.base_url}/v1/chat/completions",
         data=json.dumps(body),
-        headers={"Content-Type": "application/json"},
+        headers={**auth(served), "Content-Type": "application/json"},
         timeout=30,
     )
     assert response.status_code == 400, response.text

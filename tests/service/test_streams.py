@@ -8,6 +8,7 @@ import requests
 
 from scripts.stack import Stack
 from tasks.streams import entry_order
+from tests.service.http import auth
 from tests.service.sse import Frame, data_frames, read_frames
 
 
@@ -21,11 +22,13 @@ def start_stream(stack: Stack, max_tokens: int, ignore_eos: bool = False) -> req
         "temperature": 0,
         "ignore_eos": ignore_eos,
     }
-    return requests.post(f"{stack.base_url}/v1/chat/completions", json=body, stream=True, timeout=120)
+    return requests.post(
+        f"{stack.base_url}/v1/chat/completions", json=body, headers=auth(stack), stream=True, timeout=120
+    )
 
 
 def events(stack: Stack, request_id: str, last_event_id: str | None) -> list[Frame]:
-    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    headers = {**auth(stack), **({"Last-Event-ID": last_event_id} if last_event_id else {})}
     url = f"{stack.base_url}/v1/requests/{request_id}/events"
     with requests.get(url, headers=headers, stream=True, timeout=120) as response:
         assert response.status_code == 200, response.text
@@ -77,7 +80,9 @@ def test_resume_while_the_request_is_still_running(stack: Stack) -> None:
         frames = (frame for frame in read_frames(response) if frame.data is not None)
         first = [next(frames) for _ in range(3)]
         request_id = first[0].json["id"]
-        status = requests.get(f"{stack.base_url}/v1/requests/{request_id}", timeout=10).json()["status"]
+        status = requests.get(f"{stack.base_url}/v1/requests/{request_id}", headers=auth(stack), timeout=10).json()[
+            "status"
+        ]
         resumed = events(stack, request_id, first[-1].event_id)
         rest = data_frames(list(frames))
     assert status == "running"
@@ -99,13 +104,15 @@ def test_client_disconnect_cancels_generation(stack: Stack) -> None:
 
 
 def test_unknown_request_and_bad_event_id(stack: Stack) -> None:
-    missing = requests.get(f"{stack.base_url}/v1/requests/chatcmpl-nope", timeout=10)
+    missing = requests.get(f"{stack.base_url}/v1/requests/chatcmpl-nope", headers=auth(stack), timeout=10)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     with start_stream(stack, max_tokens=4) as response:
         request_id = data_frames(list(read_frames(response)))[0].json["id"]
     for bad_id in ("yesterday", f"{2**64}-0"):  # the second: past Redis's range, which would fail a shared XREAD
         bad = requests.get(
-            f"{stack.base_url}/v1/requests/{request_id}/events", headers={"Last-Event-ID": bad_id}, timeout=10
+            f"{stack.base_url}/v1/requests/{request_id}/events",
+            headers={**auth(stack), "Last-Event-ID": bad_id},
+            timeout=10,
         )
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
 
@@ -113,7 +120,7 @@ def test_unknown_request_and_bad_event_id(stack: Stack) -> None:
 def _wait_for_terminal(stack: Stack, request_id: str, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        record = requests.get(f"{stack.base_url}/v1/requests/{request_id}", timeout=10).json()
+        record = requests.get(f"{stack.base_url}/v1/requests/{request_id}", headers=auth(stack), timeout=10).json()
         if record["status"] not in ("queued", "running"):
             return record
         time.sleep(0.1)

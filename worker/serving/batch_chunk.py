@@ -19,13 +19,14 @@ from tasks.batch_store import LineOutcome, claim_chunk, finish_lines, renew_leas
 from tasks.config import Config
 from tasks.db import SessionFactory
 from tasks.messages import FinishReason, GenerateRequest
-from tasks.steering_store import read_profile
+from tasks.steering_messages import SteeringSource, SteeringSpec
+from tasks.steering_store import default_steering
 from worker.engine.interface import BULK_PRIORITY, Engine, EngineOutput
 from worker.serving.batch_inbox import ChunkInbox
 from worker.serving.batch_stops import StopWatcher
 from worker.serving.task_runner import TaskRunner
 from worker.text.choice import Choice, start_choice
-from worker.text.steering_report import PROFILE, REQUEST, SteeringReport
+from worker.text.steering_report import SteeringReport
 
 logger = logging.getLogger(__name__)
 RENEWALS_PER_LEASE = 3
@@ -113,18 +114,21 @@ class ChunkRunner(TaskRunner):
 
     def _submit_all(self, chunk: _Chunk, lines: list[BatchLine]) -> None:
         """Every choice of every line into the engine at once, at bulk priority."""
-        profile = read_profile(self.redis, self.config)
+        defaults: dict[str, tuple[SteeringSpec | None, SteeringSource]] = {}  # read once per tenant and chunk
         for line in lines:
             request = GenerateRequest.from_dict(line.request or {})
-            steering = profile if request.steering is None else request.steering
+            if request.steering is not None:
+                steering, source = request.steering, SteeringSource.REQUEST
+            else:
+                if request.tenant not in defaults:
+                    defaults[request.tenant] = default_steering(self.redis, self.config, request.tenant)
+                steering, source = defaults[request.tenant]
             on_output = chunk.inbox.put_urgent if request.sampling.stop else chunk.inbox.put
             choices = [
                 start_choice(self.engine, self.tokenizer, request, index, on_output, steering, BULK_PRIORITY)
                 for index in range(request.n)
             ]
-            report = SteeringReport(
-                choices[0].engine_request_id, request.monitor, PROFILE if request.steering is None else REQUEST
-            )
+            report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
             run = _LineRun(line, request, {choice.engine_request_id: choice for choice in choices}, report)
             chunk.runs.update({engine_request_id: run for engine_request_id in run.choices})
         task = chunk.task

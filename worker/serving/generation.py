@@ -12,15 +12,15 @@ from typing import Any
 from tasks.finish import finish_request
 from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, UsageDetails
 from tasks.models import TERMINAL_STATUSES, RequestStatus
-from tasks.steering_messages import SteeringSpec
-from tasks.steering_store import read_profile
+from tasks.steering_messages import SteeringSource, SteeringSpec
+from tasks.steering_store import default_steering
 from tasks.store import claim_request
 from tasks.streams import append_event, is_cancel_requested
 from worker.serving.cancel_watcher import CancelWatcher
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
 from worker.serving.task_runner import TaskRunner
 from worker.text.choice import Choice, engine_request_id, start_choice
-from worker.text.steering_report import PROFILE, REQUEST, SteeringReport
+from worker.text.steering_report import SteeringReport
 
 logger = logging.getLogger(__name__)
 ENGINE_CHECK_S = 0.05  # how often a request's thread checks that the engine still runs
@@ -108,11 +108,13 @@ class GenerationHandler(TaskRunner):
         outcome = _outcome(list(followed.choices.values()), error)
         return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
 
-    def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, str]:
-        """The request's own steering, else the worker-wide profile (read per request, so a PUT applies at once)."""
+    def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, SteeringSource]:
+        """The request's own steering, else its tenant's profile, else the worker-wide one. The worker reads the
+        profiles when the request runs rather than the api when it is submitted, so a PUT applies at once, to queued
+        requests too, and the api's hot path makes no extra Redis read."""
         if request.steering is not None:
-            return request.steering, REQUEST
-        return read_profile(self.redis, self.config), PROFILE
+            return request.steering, SteeringSource.REQUEST
+        return default_steering(self.redis, self.config, request.tenant)
 
     def _cancel(self, followed: FollowedRequest) -> None:
         for choice_id in followed.choices:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,9 @@ from tasks.steering_messages import SteeringSpec
 from worker.engine.interface import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
 from worker.text.logprob_entries import logprob_entries
 from worker.text.text_stream import TextStream
+
+logger = logging.getLogger(__name__)
+ENGINE_FAILURE = "The engine failed while running this request."
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,11 @@ class Choice:
 
     def apply(self, output: EngineOutput, tokenizer: PreTrainedTokenizerFast) -> ChoiceDelta:
         if output.error is not None:
-            self.error = output.error
-            self.error_type = "invalid_request_error" if output.is_request_error else "server_error"
+            if output.is_request_error:  # the engine refused the request: its message says what to fix
+                self.error, self.error_type = output.error, "invalid_request_error"
+            else:  # the engine's own failure may name files and internals: the log gets it, the client a summary
+                logger.error("engine request %s failed: %s", self.engine_request_id, output.error)
+                self.error, self.error_type = ENGINE_FAILURE, "server_error"
             return ChoiceDelta("", [], [], None)
         self.num_tokens += len(output.new_token_ids)
         # cumulative counts; an abort's output carries none of them

@@ -6,16 +6,14 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from tasks.steering_messages import MonitoredPosition, MonitorPositions, MonitorSpec, SteeringSpec
+from tasks.steering_messages import MonitoredPosition, MonitorPositions, MonitorSpec, SteeringSource, SteeringSpec
 from worker.engine.interface import EngineOutput
-
-PROFILE, REQUEST = "profile", "request"  # where the steering that ran came from
 
 
 class SteeringReport:
     """Follows one engine request (a request's first choice): the steering it ran and the positions it monitored."""
 
-    def __init__(self, engine_request_id: str, monitor: MonitorSpec | None, source: str) -> None:
+    def __init__(self, engine_request_id: str, monitor: MonitorSpec | None, source: SteeringSource) -> None:
         self.engine_request_id = engine_request_id
         self._monitor = monitor
         self._source = source
@@ -32,7 +30,7 @@ class SteeringReport:
             del self._positions[:-1]
 
     def steering(self) -> dict[str, Any] | None:
-        return None if self._steering is None else {**self._steering.echo_dict(), "source": self._source}
+        return None if self._steering is None else {**self._steering.echo_dict(), "source": self._source.value}
 
     def monitor(self, tokenizer: PreTrainedTokenizerFast) -> dict[str, Any] | None:
         if self._monitor is None:

@@ -24,6 +24,7 @@ from tests.batch_rows import queued_line_row
 from worker.engine.interface import BULK_PRIORITY, EngineOutput, EngineRequest, OutputCallback
 from worker.serving.batch_chunk import ChunkRunner
 from worker.serving.batch_stops import StopWatcher
+from worker.text.choice import ENGINE_FAILURE
 
 
 class ScriptedEngine:
@@ -189,10 +190,11 @@ def test_lines_whose_lease_was_taken_are_dropped_not_recorded(setup) -> None:  #
     assert (row.status, row.lease_owner, row.text) == ("running", "other#1", None)
 
 
-def test_an_engine_error_fails_the_line_with_its_message(setup) -> None:  # type: ignore[no-untyped-def]
+def test_an_engine_error_fails_the_line_without_its_internals(setup) -> None:  # type: ignore[no-untyped-def]
     _, runner, _ = setup
     chunk = dispatch(runner, [([0], SamplingParams(max_tokens=4)), ([5], SamplingParams(max_tokens=4))])
     runner.run(chunk)
     failed, completed = ledger(runner, chunk)
-    assert failed.status == "failed" and failed.error["message"] == "the device fell over"  # type: ignore[index]
+    assert failed.status == "failed" and failed.error["message"] == ENGINE_FAILURE  # type: ignore[index]
+    assert failed.error["type"] == "server_error"  # type: ignore[index]
     assert completed.status == "completed"

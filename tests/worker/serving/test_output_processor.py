@@ -16,12 +16,13 @@ from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
 from tasks.messages import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
+from tasks.steering_messages import SteeringSource
 from tasks.streams import RedisKeys
 from tests.conftest import free_port
 from worker.engine.interface import EngineOutput
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
-from worker.text.choice import Choice, engine_request_id
-from worker.text.steering_report import REQUEST, SteeringReport
+from worker.text.choice import ENGINE_FAILURE, Choice, engine_request_id
+from worker.text.steering_report import SteeringReport
 from worker.text.text_stream import TextStream
 
 
@@ -92,7 +93,7 @@ def followed_request(tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple
     request_id = f"cmpl-{uuid.uuid4().hex}"
     prompt = tokenizer.encode("the cat")
     request = GenerateRequest(request_id, Endpoint.COMPLETIONS, "tiny", prompt, SamplingParams(16, stop=stop), 0, n=n)
-    followed = FollowedRequest(request, SteeringReport(request_id, None, REQUEST))
+    followed = FollowedRequest(request, SteeringReport(request_id, None, SteeringSource.REQUEST))
     for index in range(n):
         choice_id = engine_request_id(request, index)
         followed.choices[choice_id] = Choice(
@@ -157,15 +158,16 @@ def test_a_stop_string_ends_the_choice_and_cancels_it_in_the_engine(
     assert "".join(event.text for event in events(client, config, followed)) == " a small "
 
 
-def test_an_engine_error_ends_the_request_with_it(
+def test_an_engine_error_ends_the_request_without_its_internals(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
     processor, _ = start(processors, config, tokenizer)
     followed = followed_request(tokenizer, n=2)
     processor.follow(followed)
-    processor.put(followed, EngineOutput(list(followed.choices)[1], [], error="the engine step failed"))
+    processor.put(followed, EngineOutput(list(followed.choices)[1], [], error="step failed in /opt/kernels/x.so"))
     assert followed.done.wait(5)
-    assert followed.error is not None and followed.error.message == "the engine step failed"
+    assert followed.error is not None and followed.error.message == ENGINE_FAILURE  # the log has the engine's text
+    assert followed.error.type == "server_error"
     assert followed.failure is None
 
 

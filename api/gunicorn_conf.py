@@ -1,0 +1,33 @@
+"""Gunicorn's settings for the api, from the one Config (`gunicorn -c python:api.gunicorn_conf 'api.app:create_app()'`).
+
+Its `on_starting` hook runs in the master before any socket is bound: with no API key anywhere, an address that is
+not loopback makes it exit non-zero with the reason (gunicorn prints a RuntimeError's message and exits 1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.exposure import check_exposure
+from tasks.config import Config
+from tasks.logs import configure_logging
+
+_config = Config.from_env()
+
+bind = [f"{_config.host}:{_config.port}"]
+worker_class = "gthread"
+workers = 1
+threads = _config.api_threads  # each open SSE stream holds one
+graceful_timeout = 5
+accesslog = "-"  # method, path, status: never the Authorization header
+
+
+def on_starting(server: Any) -> None:
+    configure_logging(_config)
+    check_exposure(_config, [_host_of(address) for address in server.cfg.address])
+
+
+def _host_of(address: Any) -> str:
+    """The host of a (host, port) bind; a unix socket is local to this machine; fd:// binds could be anything."""
+    if isinstance(address, tuple):
+        return str(address[0])
+    return "localhost" if isinstance(address, str) else f"fd://{address}"
