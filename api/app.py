@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from flask import Flask
+from flask import Flask, Response, g
 
 from api.auth import authenticate
 from api.blueprints import batches, chat, completions, files, health, models, requests, saes, steering
@@ -39,6 +39,13 @@ def create_app(config: Config | None = None) -> Flask:
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
     app.before_request(authenticate)  # every route but /health (DESIGN rule 7)
+    app.after_request(add_rate_limit_headers)
     app.teardown_appcontext(close_db_session)
     register_error_handlers(app)
     return app
+
+
+def add_rate_limit_headers(response: Response) -> Response:
+    """The calling key's x-ratelimit-* budgets, set by admission, on the response of the request it admitted."""
+    response.headers.update(g.pop("rate_limit_headers", {}))
+    return response

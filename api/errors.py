@@ -34,14 +34,18 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.info = ErrorInfo(message=message, type=type, param=param, code=code)
+        self.headers = headers or {}  # e.g. Retry-After on 429 and 503
 
 
-def error_response(status: int, info: ErrorInfo) -> tuple[Response, int]:
-    return jsonify({"error": info.to_dict()}), status
+def error_response(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> tuple[Response, int]:
+    response = jsonify({"error": info.to_dict()})
+    response.headers.update(headers or {})
+    return response, status
 
 
 def validation_error_info(exc: ValidationError) -> ErrorInfo:
@@ -54,7 +58,7 @@ def validation_error_info(exc: ValidationError) -> ErrorInfo:
 
 
 def register_error_handlers(app: Flask) -> None:
-    app.register_error_handler(APIError, lambda exc: error_response(exc.status, exc.info))
+    app.register_error_handler(APIError, lambda exc: error_response(exc.status, exc.info, exc.headers))
     app.register_error_handler(ValidationError, lambda exc: error_response(400, validation_error_info(exc)))
     app.register_error_handler(HTTPException, _http_error)
     for error_class in UNAVAILABLE_ERRORS:
@@ -71,9 +75,8 @@ def _http_error(exc: HTTPException) -> tuple[Response, int]:
 def _unavailable(exc: Exception) -> tuple[Response, int]:
     logger.warning("backing service unavailable: %s", exc)
     message = "A backing service (Redis or the database) is unavailable; retry shortly."
-    response, status = error_response(503, ErrorInfo(message, "service_unavailable", None, "service_unavailable"))
-    response.headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
-    return response, status
+    info = ErrorInfo(message, "service_unavailable", None, "service_unavailable")
+    return error_response(503, info, {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)})
 
 
 def _unexpected(exc: Exception) -> tuple[Response, int]:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 from flask import Response, jsonify, request
 
+from api.admission import admit
 from api.auth import current_principal
 from api.errors import APIError
 from api.prompts import ModelInfo
@@ -73,6 +74,9 @@ def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int]
 def _record_and_enqueue(generate_request: GenerateRequest, body: dict) -> RequestRecord:
     svc = services()
     svc.redis.ping()  # Redis down: 503 before anything is written
+    session = db_session()
+    num_tokens = len(generate_request.prompt_token_ids) + generate_request.sampling.max_tokens * generate_request.n
+    admit(session, svc.redis, svc.config, generate_request.model, current_principal().key_name, num_tokens)
     record = RequestRecord(
         id=generate_request.request_id,
         tenant=generate_request.tenant,
@@ -83,7 +87,6 @@ def _record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Reques
         prompt_tokens=len(generate_request.prompt_token_ids),
         created=generate_request.created,
     )
-    session = db_session()
     create_request(session, record)
     logger.info("request %s from key %s (tenant %s)", record.id, current_principal().key_name, record.tenant)
     try:

@@ -14,9 +14,11 @@ from tasks.logs import configure_logging
 _config = Config.from_env()
 
 bind = [f"{_config.host}:{_config.port}"]
-worker_class = "gthread"
+# gevent: an open SSE stream waits on its socket in a greenlet, not a thread, so one process holds thousands of them
+# and /health still answers at once (with 64 threads the 65th stream, and /health, waited).
+worker_class = "gevent"
+worker_connections = _config.api_connections
 workers = 1
-threads = _config.api_threads  # each open SSE stream holds one
 graceful_timeout = 5
 accesslog = "-"  # method, path, status: never the Authorization header
 

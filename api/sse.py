@@ -17,6 +17,7 @@ from tasks.streams import STREAM_START, DeadlinePassed, JsonReader, entry_order,
 
 logger = logging.getLogger(__name__)
 ENTRY_ID = re.compile(r"^\d+-\d+$")
+RETRY_MS = 1000  # how long a dropped EventSource waits before it reconnects with Last-Event-ID
 
 
 def last_event_id() -> str:
@@ -31,8 +32,10 @@ def last_event_id() -> str:
     return value
 
 
-def sse_frame(data: str, event_id: str | None = None) -> str:
+def sse_frame(data: str, event_id: str | None = None, retry_ms: int | None = None) -> str:
     prefix = f"id: {event_id}\n" if event_id else ""
+    if retry_ms is not None:
+        prefix = f"retry: {retry_ms}\n{prefix}"
     return f"{prefix}data: {data}\n\n"
 
 
@@ -50,7 +53,11 @@ def relay_frames(
     """Frames until the final event, then [DONE]; a comment whenever heartbeat_s passes quietly.
 
     Only the last frame made from a stream entry carries its id, so a client that drops between the frames of one
-    entry resumes before that entry and misses none of them."""
+    entry resumes before that entry and misses none of them. A comment goes out at once: it sends the response's
+    headers, so a client knows its request was admitted before the first token exists. The first event carries
+    `retry:` (a block of `retry:` alone would reach the openai client as an event with empty data)."""
+    yield ": admitted\n\n"
+    retry_ms: int | None = RETRY_MS
     try:
         for item in follow_events(read, key, after_id, idle_s=heartbeat_s, timeout_s=timeout_s, on_idle=on_idle):
             if item is None:
@@ -61,7 +68,8 @@ def relay_frames(
             if event.type == EventType.FINAL:
                 payloads.append("[DONE]")
             for index, payload in enumerate(payloads):
-                yield sse_frame(payload, entry_id if index == len(payloads) - 1 else None)
+                yield sse_frame(payload, entry_id if index == len(payloads) - 1 else None, retry_ms)
+                retry_ms = None
     except DeadlinePassed:
         yield from _timed_out(on_timeout)
     except redis.exceptions.RedisError as exc:

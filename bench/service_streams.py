@@ -11,7 +11,7 @@ bench.engine_throughput's (iv) feeds it), then as streamed `/v1/completions` thr
 every request yields exactly its output length. Prints per-round output tokens/s and TTFT, and service / engine.
 
 With --concurrency-levels the service is measured under load instead, with no in-process baseline: one stack with
-the environment's settings (MAX_NUM_SEQS, WORKER_CONCURRENCY, API_THREADS), and for each level, rounds of that many
+the environment's settings (MAX_NUM_SEQS, WORKER_CONCURRENCY, API_CONNECTIONS), and for each level, rounds of that many
 streams sent at once, each round with prompts of its own (so no round is served from the prefix cache). Prints, per
 level, the median round's output tokens/s, TTFT p50 and TTFT p99.
 """
@@ -202,7 +202,7 @@ def load_report(args: argparse.Namespace, argv: list[str], config: Config, resul
         "settings": {
             "max_num_seqs": config.max_num_seqs,
             "worker_concurrency": config.worker_concurrency,
-            "api_threads": config.api_threads,
+            "api_connections": config.api_connections,
             "prompt_len": list(args.prompt_len),
             "output_len": args.output_len,
         },

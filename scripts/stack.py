@@ -18,9 +18,9 @@ import redis
 import requests
 
 from tasks.api_keys import Scope, replace_key
-from tasks.celery_app import create_celery
 from tasks.config import EMBEDDED_REDIS_PORT, REPO_ROOT, Config
 from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
+from tasks.streams import num_live_workers
 
 logger = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0
@@ -111,10 +111,15 @@ class Stack:
         logger.info("started %s (pid %d)", name, popen.pid)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        celery = create_celery(self.config)
-        _wait_until(lambda: self._check_alive() and bool(celery.control.ping(timeout=0.5)), timeout_s, "worker")
+        self.wait_for_worker(timeout_s)
         _wait_until(lambda: self._check_alive() and _is_healthy(self.base_url), timeout_s, "api")
         logger.info("stack ready at %s", self.base_url)
+
+    def wait_for_worker(self, timeout_s: float) -> None:
+        """Until a worker of this stack holds a lease under its Redis prefix (its model loaded); a Celery ping would
+        be answered by any worker on the same broker, another stack's included."""
+        client = redis.Redis.from_url(self.config.redis_url)
+        _wait_until(lambda: self._check_alive() and num_live_workers(client, self.config) > 0, timeout_s, "worker")
 
     def _check_alive(self) -> bool:
         for process in self.processes:

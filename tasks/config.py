@@ -60,7 +60,15 @@ class Config:
     cpu_threads: int = 1
     host: str = "127.0.0.1"
     port: int = 8000
-    api_threads: int = 64
+    # Connections one api process serves at once (gunicorn's gevent worker); each open SSE stream holds one.
+    api_connections: int = 2048
+    # Admission, per served model: beyond these the api answers 429 with Retry-After (vLLM's --max-num-queued-reqs
+    # and --max-num-queued-tokens); 0: no cap.
+    max_queued_requests: int = 1024
+    max_queued_tokens: int = 0
+    # Per API key, a fixed one-minute window; tokens are prompt plus max_tokens, as OpenAI counts them; 0: no limit.
+    rate_limit_rpm: int = 0
+    rate_limit_tpm: int = 0
     # One static admin key (tenant "default") besides the keys in SQL; with neither, the api serves loopback only.
     api_key: str = ""
     flower_host: str = "127.0.0.1"

@@ -42,6 +42,10 @@ class RedisKeys:
     def stream_hub_wake(self, hub_id: str) -> str:
         return f"{self.prefix}hub:{hub_id}"
 
+    def live_workers(self) -> str:
+        """A sorted set: each worker scored by when its lease ends, so the api counts live ones in one call."""
+        return f"{self.prefix}workers"
+
 
 def connect_redis(config: Config, *, block_s: float = 0.0) -> redis.Redis:
     """A client whose reads outlast the longest XREAD block we issue."""
@@ -162,7 +166,17 @@ def read_cancel_flags(client: redis.Redis, config: Config, request_ids: list[str
 
 
 def renew_worker_lease(client: redis.Redis, config: Config, worker: str) -> None:
-    client.set(RedisKeys(config.redis_prefix).worker_lease(worker), "1", px=int(config.worker_lease_s * 1000))
+    keys = RedisKeys(config.redis_prefix)
+    now = time.time()
+    with client.pipeline(transaction=False) as pipe:
+        pipe.set(keys.worker_lease(worker), "1", px=int(config.worker_lease_s * 1000))
+        pipe.zadd(keys.live_workers(), {worker: now + config.worker_lease_s})
+        pipe.zremrangebyscore(keys.live_workers(), "-inf", now - 3600)  # workers gone for an hour
+        pipe.execute()
+
+
+def num_live_workers(client: redis.Redis, config: Config) -> int:
+    return int(client.zcount(RedisKeys(config.redis_prefix).live_workers(), time.time(), "+inf"))
 
 
 def is_worker_alive(client: redis.Redis, config: Config, worker: str) -> bool:

@@ -134,7 +134,7 @@ def make_test_config(model_dir: Path, redis_url: str, database_url: str, **overr
         "kv_cache_tokens": 16384,
         "sse_heartbeat_s": 1.0,
         "request_timeout_s": 120.0,
-        "api_threads": 32,
+        "api_connections": 256,
         **overrides,
     }
     return Config(**values)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from api.app import create_app
 from tasks.config import Config
 from tasks.db import upgrade_to_head
 from tasks.messages import EventType, FinishReason, StreamEvent
-from tasks.streams import RedisKeys
+from tasks.streams import RedisKeys, renew_worker_lease
 from tests.conftest import make_test_config
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -22,10 +22,11 @@ BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 @pytest.fixture
 def no_worker(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> tuple[Config, FlaskClient]:
-    """The api with its queue and no worker consuming it."""
+    """The api with its queue and a live worker that consumes nothing (busy, say)."""
     database_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade_to_head(database_url)
     config = make_test_config(tiny_model_dir, redis_url, database_url, request_timeout_s=1.0, sse_heartbeat_s=0.2)
+    renew_worker_lease(redis.Redis.from_url(redis_url), config, "busy-worker")
     yield config, create_app(config).test_client()
     client = redis.Redis.from_url(redis_url)
     client.delete(config.interactive_queue)

@@ -52,7 +52,13 @@ def test_a_killed_worker_is_restarted_and_its_request_fails_unwatched(
         assert record["status"] == "failed" and record["error"]["code"] == "worker_lost", record
 
         wait_for(r"worker started again", log_path, 30)
-        reply = requests.post(f"{base_url}/v1/completions", json={**body, "max_tokens": 4}, timeout=60)
+        deadline = time.monotonic() + 120
+        while True:  # as a client does: 503 no_worker_available until the new worker has loaded its model
+            reply = requests.post(f"{base_url}/v1/completions", json={**body, "max_tokens": 4}, timeout=60)
+            if reply.status_code != 503 or time.monotonic() > deadline:
+                break
+            assert reply.json()["error"]["code"] == "no_worker_available"
+            time.sleep(float(reply.headers["Retry-After"]) / 5)
         assert reply.status_code == 200, reply.text
         assert serve.poll() is None, "the stack stopped"
     finally:

@@ -54,6 +54,7 @@ def test_sigkilled_worker_fails_its_request_and_a_new_worker_serves(mortal_stack
 
     stack.processes.remove(stack.process("worker"))
     stack.start_worker()
+    stack.wait_for_worker(120)  # until then a request is refused at once with 503 no_worker_available
     reply = requests.post(
         f"{stack.base_url}/v1/completions",
         json={"model": stack.config.model_name, "prompt": "the cat", "max_tokens": 4},
