@@ -143,12 +143,12 @@ async def run_step(stack: Stack, num_streams: int, args: argparse.Namespace) -> 
 
 def table(results: list[StepResult]) -> str:
     header = (
-        "| streams | 200 | 429 | other (kind × count) | TTFT p50 s | TTFT p99 s | /health p50 ms | /health p99 ms | "
+        "| streams | 200 | 429 | other (kind: count) | TTFT p50 s | TTFT p99 s | /health p50 ms | /health p99 ms | "
         "new request s (status) | api RSS MB | KB per stream |"
     )
     lines = [header, "|" + "---|" * 11]
     for r in results:
-        other = ", ".join(f"{status}×{n}" for status, n in sorted(r.statuses.items()) if status not in ("200", "429"))
+        other = ", ".join(f"{status}: {n}" for status, n in sorted(r.statuses.items()) if status not in ("200", "429"))
         ttft = sorted(r.ttft_s) or [float("nan")]
         health = sorted(r.health_s) or [float("nan")]
         per_stream_kb = (r.api_rss_mb - r.api_rss_idle_mb) * 1024 / r.num_streams
