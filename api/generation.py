@@ -11,6 +11,7 @@ from flask import Response, jsonify, request
 
 from api.admission import admit
 from api.auth import current_principal
+from api.client_connection import is_client_gone
 from api.errors import APIError
 from api.prompts import ModelInfo
 from api.responses import StreamMeta, completion_object
@@ -142,12 +143,18 @@ def _wait(record: RequestRecord) -> Response:
     def check_worker() -> None:
         fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
 
+    def check_client() -> None:
+        if is_client_gone():  # as a stream's drop does: nobody will read the result, so free the GPU
+            logger.info("client of %s hung up; cancelling it", record.id)
+            cancel_generation(record.id)
+
     final = wait_for_final(
         svc.streams.read_json,
         key,
         idle_s=svc.config.sse_heartbeat_s,
         timeout_s=svc.config.request_timeout_s,
         on_idle=check_worker,
+        on_tick=check_client,
     )
     if final is None:
         cancel_generation(record.id)

@@ -138,13 +138,24 @@ def follow_events(
 
 
 def wait_for_final(
-    read: JsonReader, key: str, *, idle_s: float, timeout_s: float, on_idle: Callable[[], object] = lambda: None
+    read: JsonReader,
+    key: str,
+    *,
+    idle_s: float,
+    timeout_s: float,
+    on_idle: Callable[[], object] = lambda: None,
+    on_tick: Callable[[], object] = lambda: None,
 ) -> StreamEvent | None:
-    """The request's final event; None if `timeout_s` passes first."""
+    """The request's final event; None if `timeout_s` passes first. `on_idle` runs after each quiet `idle_s`;
+    `on_tick` about every `idle_s` whether events flow or not."""
+    last_tick = time.monotonic()
     try:
         for item in follow_events(read, key, STREAM_START, idle_s=idle_s, timeout_s=timeout_s, on_idle=on_idle):
             if item is not None and item[1].type == EventType.FINAL:
                 return item[1]
+            if time.monotonic() - last_tick >= idle_s:
+                on_tick()
+                last_tick = time.monotonic()
     except DeadlinePassed:
         return None
     raise AssertionError("follow_events ends only at the final event")
