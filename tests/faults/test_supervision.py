@@ -4,6 +4,7 @@ the dead worker held ends with one `worker_lost` error event, and its record say
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -16,6 +17,8 @@ import requests
 
 from tasks.config import REPO_ROOT
 from tests.conftest import free_port, make_test_config
+
+logger = logging.getLogger(__name__)
 
 
 def wait_for(pattern: str, log_path: Path, timeout_s: float) -> re.Match[str]:
@@ -46,7 +49,9 @@ def test_a_killed_worker_is_restarted_and_its_request_fails_unwatched(
             data = (line.removeprefix("data: ") for line in lines if line.startswith("data"))
             request_id = json.loads(next(data))["id"]
             os.kill(worker_pid, signal.SIGKILL)
+            killed_at = time.monotonic()
             rest = list(data)
+            error_after_s = time.monotonic() - killed_at
         assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "worker_lost", rest[-2:]
         record = requests.get(f"{base_url}/v1/requests/{request_id}", timeout=5).json()
         assert record["status"] == "failed" and record["error"]["code"] == "worker_lost", record
@@ -61,6 +66,8 @@ def test_a_killed_worker_is_restarted_and_its_request_fails_unwatched(
             time.sleep(float(reply.headers["Retry-After"]) / 5)
         assert reply.status_code == 200, reply.text
         assert serve.poll() is None, "the stack stopped"
+        served_after_s = time.monotonic() - killed_at
+        logger.info("worker SIGKILL: error event in %.1f s, served again in %.1f s", error_after_s, served_after_s)
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(60)
