@@ -125,4 +125,5 @@ def test_redis_restart_under_load_loses_nothing(redis_and_stack: tuple[Restartab
         assert time.monotonic() < deadline, f"requests left open: {open_}"
         time.sleep(0.2)
     ledger = dict(collections.Counter(request_statuses(stack.config.database_url).values()))
-    logger.info("Redis restart: ledger %s; a new request served %.1f s after the in-flight ones ended", ledger, served_after_s)
+    message = "Redis restart: ledger %s; a new request served %.1f s after the in-flight ones ended"
+    logger.info(message, ledger, served_after_s)
