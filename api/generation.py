@@ -17,6 +17,8 @@ from api.schemas import GenerationFields
 from api.services import db_session, services
 from api.sse import relay_frames, sse_response
 from api.steering import steering_and_monitor
+from api.structured import request_grammar
+from api.tools import NO_TOOLS, ToolPlan
 from tasks.celery_app import enqueue_generate
 from tasks.finish import finish_request
 from tasks.messages import Endpoint, ErrorInfo, FinishReason, GenerateRequest
@@ -42,10 +44,12 @@ def check_model_name(name: str) -> None:
 
 
 def build_generate_request(
-    info: ModelInfo, endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int]
+    info: ModelInfo, endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], tools: ToolPlan = NO_TOOLS
 ) -> GenerateRequest:
-    """The worker's request for validated fields: sampling, steering and monitor checked against the model."""
+    """The worker's request for validated fields: sampling, steering, monitor and grammar checked against the
+    model."""
     sampling = sampling_params(info, fields, len(prompt_ids))
+    grammar = request_grammar(info.tokenizer, fields, tools.grammar)
     steering, monitor = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
     return GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
@@ -57,11 +61,15 @@ def build_generate_request(
         n=fields.n,
         steering=steering,
         monitor=monitor,
+        grammar=grammar,
+        tool_parser=tools.parser,
     )
 
 
-def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict) -> Response:
-    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids)
+def generate(
+    endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict, tools: ToolPlan = NO_TOOLS
+) -> Response:
+    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids, tools)
     record = _record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
 
@@ -151,7 +159,7 @@ def _wait(record: RequestRecord) -> Response:
     if finished.result.error is not None:
         error = finished.result.error
         return jsonify({"error": error}), ERROR_STATUS.get(error.get("type"), 500)
-    return jsonify(completion_object(finished))
+    return jsonify(completion_object(finished, svc.config.tool_call_parser))
 
 
 def json_body() -> dict:

@@ -20,6 +20,8 @@ from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
+from worker.engine.grammar.compiler import GrammarCompiler, GrammarError
+from worker.engine.grammar.matcher import RowGrammar
 from worker.engine.inbox import EngineInbox, NewWork
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
 from worker.engine.model_runner import ModelRunner
@@ -48,6 +50,13 @@ def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
     )
 
 
+def grammar_compiler(config: Config, runner: ModelRunner) -> GrammarCompiler:
+    vocab_size = runner.model.config.get_text_config().vocab_size  # the logits' width
+    return GrammarCompiler(
+        config.model, vocab_size, runner.eos_token_ids, config.grammar_compile_timeout_s, config.grammar_cache_size
+    )
+
+
 def speculation_config(config: Config) -> SpeculationConfig:
     return SpeculationConfig(
         max_batch_size=config.spec_max_batch_size,
@@ -64,6 +73,7 @@ class ContinuousEngine:
         self._config = config
         self._scheduler = Scheduler(scheduler_config(config, runner))
         self._speculator = Speculator(speculation_config(config), runner.max_model_len, load_proposers(config, runner))
+        self._grammars = grammar_compiler(config, runner)
         self._inbox = EngineInbox()
         self._sequences: dict[str, EngineSequence] = {}
         self._step_monitor: WorkerMonitor | None = None  # the worker monitor as of the last `take_new_work`
@@ -88,13 +98,20 @@ class ContinuousEngine:
             self._abort_all()
 
     def submit(self, request: EngineRequest, on_output: OutputCallback) -> None:
-        """Resolves the request's steering and monitor on the caller's thread, so an SAE loading from disk never
-        holds up the batch; a failure comes back as the request's error output."""
+        """Resolves the request's steering and monitor, and compiles its grammar, on the caller's thread, so an SAE
+        loading from disk or a grammar compiling never holds up the batch; a failure comes back as the request's
+        error output."""
         try:
             sae, sae_error = resolve_request_sae(request, self._runner.saes, self._config), None
         except ValueError as exc:
             sae, sae_error = None, f"steering or monitor: {exc}"
-        self._inbox.submit(Submission(request, on_output, sae, sae_error))
+        grammar, grammar_error = None, None
+        if request.grammar is not None:
+            try:
+                grammar = self._grammars.compile(request.grammar)
+            except GrammarError as exc:
+                grammar_error = exc
+        self._inbox.submit(Submission(request, on_output, sae, sae_error, grammar, grammar_error))
 
     def cancel(self, request_id: str) -> None:
         self._inbox.cancel(request_id)
@@ -127,6 +144,7 @@ class ContinuousEngine:
         finally:
             self._inbox.stop()  # whatever ended the loop, later submissions are refused rather than never answered
             self._abort_all()
+            self._grammars.close()
 
     def take_new_work(self) -> bool:
         """Admits submissions and applies cancellations; False when the engine is stopping."""
@@ -166,7 +184,8 @@ class ContinuousEngine:
         self._record_verifications(picked, {update.request.request_id: len(update.token_ids) for update in updates})
         self._record_step(batch)
         for update, logprob in zip(updates, picked.logprobs, strict=True):
-            self._emit(update, logprob)
+            if self._advance_grammar(update):
+                self._emit(update, logprob)
 
     # --- admission ---
 
@@ -186,13 +205,20 @@ class ContinuousEngine:
         request = submission.request
         scheduled = scheduled_request(request, submission.sae, self._runner.eos_token_ids)
         generator = request_generator(request, self._runner.device)
-        sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae)
+        grammar = None if submission.grammar is None else RowGrammar(submission.grammar)
+        sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae, grammar)
         self._sequences[request.request_id] = sequence
-        error = submission.sae_error or admission_error(
-            request, self._runner.max_model_len, self._scheduler.max_tokens_fitting(), self._speculator.methods
+        grammar_error = submission.grammar_error
+        error = (
+            submission.sae_error
+            or (None if grammar_error is None else str(grammar_error))
+            or admission_error(
+                request, self._runner.max_model_len, self._scheduler.max_tokens_fitting(), self._speculator.methods
+            )
         )
         if error is not None:
-            refusal = EngineOutput(request.request_id, [], error=error, is_request_error=True)
+            param = None if grammar_error is None or submission.sae_error else grammar_error.param
+            refusal = EngineOutput(request.request_id, [], error=error, is_request_error=True, error_param=param)
             self._finish(request.request_id, refusal)
         else:
             self._scheduler.add(scheduled)
@@ -208,6 +234,14 @@ class ContinuousEngine:
         return self._sequences[request.request_id].sampling_row()
 
     # --- outputs ---
+
+    def _advance_grammar(self, update: TokenUpdate) -> bool:
+        """The row's matcher takes its appended tokens (and only those: they are what a preempted row keeps)."""
+        grammar = self._sequences[update.request.request_id].grammar
+        if grammar is None or grammar.accept(update.token_ids):
+            return True
+        self._fail(update.request.request_id, f"the grammar refused the sampled tokens {update.token_ids}")
+        return False
 
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
         request_id = update.request.request_id
