@@ -35,7 +35,7 @@ def check_grammar(tokenizer: PreTrainedTokenizerFast, spec: GrammarSpec) -> None
         _check(tokenizer, spec.param, lambda: llguidance.grammar_from("grammar", spec.value))
 
 
-def check_json_schema(tokenizer: PreTrainedTokenizerFast, schema: dict[str, Any] | bool, param: str) -> None:
+def check_json_schema(tokenizer: PreTrainedTokenizerFast, schema: dict[str, Any], param: str) -> None:
     # lenient: keywords neither library enforces (formats, annotations) are ignored, as xgrammar ignores them
     _check(tokenizer, param, lambda: llguidance.LLMatcher.grammar_from_json_schema(schema, {"lenient": True}))
 

@@ -53,7 +53,9 @@ def json_schema_spec(schema: dict[str, Any] | str | bool, param: str) -> Grammar
             schema = json.loads(schema)
         except ValueError as exc:
             raise APIError(400, f"{param} is not valid JSON: {exc}", param=param, code="invalid_json_schema") from exc
-    if not isinstance(schema, (dict, bool)):
+    if schema is True:
+        schema = {}  # any JSON value
+    if not isinstance(schema, dict):
         raise APIError(400, f"{param} must be a JSON schema object", param=param, code="invalid_json_schema")
     return GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema), param)
 

@@ -20,7 +20,7 @@ from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
-from worker.engine.grammar.compiler import GrammarCompiler, GrammarError
+from worker.engine.grammar.compiler import GrammarCompiler
 from worker.engine.grammar.matcher import RowGrammar
 from worker.engine.inbox import EngineInbox, NewWork
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
@@ -105,12 +105,7 @@ class ContinuousEngine:
             sae, sae_error = resolve_request_sae(request, self._runner.saes, self._config), None
         except ValueError as exc:
             sae, sae_error = None, f"steering or monitor: {exc}"
-        grammar, grammar_error = None, None
-        if request.grammar is not None:
-            try:
-                grammar = self._grammars.compile(request.grammar)
-            except GrammarError as exc:
-                grammar_error = exc
+        grammar, grammar_error = self._grammars.compile_for(request.grammar)
         self._inbox.submit(Submission(request, on_output, sae, sae_error, grammar, grammar_error))
 
     def cancel(self, request_id: str) -> None:
@@ -208,16 +203,16 @@ class ContinuousEngine:
         grammar = None if submission.grammar is None else RowGrammar(submission.grammar)
         sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae, grammar)
         self._sequences[request.request_id] = sequence
-        grammar_error = submission.grammar_error
+        grammar_error = None if submission.sae_error else submission.grammar_error
         error = (
             submission.sae_error
-            or (None if grammar_error is None else str(grammar_error))
+            or (grammar_error and str(grammar_error))
             or admission_error(
                 request, self._runner.max_model_len, self._scheduler.max_tokens_fitting(), self._speculator.methods
             )
         )
         if error is not None:
-            param = None if grammar_error is None or submission.sae_error else grammar_error.param
+            param = grammar_error and grammar_error.param
             refusal = EngineOutput(request.request_id, [], error=error, is_request_error=True, error_param=param)
             self._finish(request.request_id, refusal)
         else:

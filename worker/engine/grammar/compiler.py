@@ -57,6 +57,15 @@ class GrammarCompiler:
             reason = XGRAMMAR_LOG_PREFIX.sub("", str(exc).strip())
             raise GrammarError(f"{spec.param} does not compile: {reason}", spec.param) from exc
 
+    def compile_for(self, spec: GrammarSpec | None) -> tuple[xgr.CompiledGrammar | None, GrammarError | None]:
+        """A request's grammar, or why it has none it can run with."""
+        if spec is None:
+            return None, None
+        try:
+            return self.compile(spec), None
+        except GrammarError as exc:
+            return None, exc
+
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
