@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 MAX_TOOLS = 128
@@ -76,7 +76,8 @@ class NamedToolChoice(StrictModel):
     function: FunctionName
 
 
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+TOOL_CHOICES = ("none", "auto", "required")
+FUNCTION_CALLS = ("none", "auto")
 
 
 class ToolCallFunction(StrictModel):
@@ -107,7 +108,22 @@ class ToolFields(StrictModel):
 
     response_format: ResponseFormat | None = None
     tools: list[ToolBody] | None = Field(None, max_length=MAX_TOOLS)
-    tool_choice: ToolChoice | None = None
+    tool_choice: str | NamedToolChoice | None = None  # one of TOOL_CHOICES, or a function to call
     parallel_tool_calls: bool | None = None
     functions: list[FunctionDefinition] | None = Field(None, max_length=MAX_TOOLS)  # legacy: tools
-    function_call: Literal["none", "auto"] | FunctionName | None = None  # legacy: tool_choice
+    function_call: str | FunctionName | None = None  # legacy: tool_choice, one of FUNCTION_CALLS or a function
+
+    # Checked here rather than as Literal members of the union, so that an error names the field alone.
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(cls, choice: str | NamedToolChoice | None) -> str | NamedToolChoice | None:
+        if isinstance(choice, str) and choice not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a named function")
+        return choice
+
+    @field_validator("function_call")
+    @classmethod
+    def _check_function_call(cls, call: str | FunctionName | None) -> str | FunctionName | None:
+        if isinstance(call, str) and call not in FUNCTION_CALLS:
+            raise ValueError(f"function_call must be one of {', '.join(FUNCTION_CALLS)} or a named function")
+        return call
