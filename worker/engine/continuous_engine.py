@@ -21,7 +21,7 @@ from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
 from worker.engine.grammar.compiler import GrammarCompiler
-from worker.engine.grammar.matcher import RowGrammar
+from worker.engine.grammar.matcher import MaskFiller, RowGrammar, accept_tokens
 from worker.engine.inbox import EngineInbox, NewWork
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
 from worker.engine.model_runner import ModelRunner
@@ -74,6 +74,7 @@ class ContinuousEngine:
         self._scheduler = Scheduler(scheduler_config(config, runner))
         self._speculator = Speculator(speculation_config(config), runner.max_model_len, load_proposers(config, runner))
         self._grammars = grammar_compiler(config, runner)
+        self._masks = MaskFiller(self._grammars.vocab_size)
         self._inbox = EngineInbox()
         self._sequences: dict[str, EngineSequence] = {}
         self._step_monitor: WorkerMonitor | None = None  # the worker monitor as of the last `take_new_work`
@@ -140,6 +141,7 @@ class ContinuousEngine:
             self._inbox.stop()  # whatever ended the loop, later submissions are refused rather than never answered
             self._abort_all()
             self._grammars.close()
+            self._masks.close()
 
     def take_new_work(self) -> bool:
         """Admits submissions and applies cancellations; False when the engine is stopping."""
@@ -169,17 +171,22 @@ class ContinuousEngine:
 
     def _run_batch(self, batch: Batch) -> StepTokens:
         rows = [self._sequences[chunk.request.request_id].sae for chunk in batch.chunks]
+        grammars = [self._sequences[chunk.request.request_id].grammar for chunk in batch.sampling_chunks]
+        bitmasks = self._masks.start([grammar for grammar in grammars if grammar is not None])
         output = self._runner.run(batch, rows, self._step_monitor)
         for request_id, positions in output.monitored.items():
             self._sequences[request_id].monitored.extend(positions)
-        return pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax)
+        return pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax, bitmasks)
 
     def _postprocess(self, batch: Batch, picked: StepTokens) -> None:
         updates = self._scheduler.update_from_output(batch, picked.token_ids)
         self._record_verifications(picked, {update.request.request_id: len(update.token_ids) for update in updates})
         self._record_step(batch)
+        refused = self._advance_grammars(updates)
         for update, logprob in zip(updates, picked.logprobs, strict=True):
-            if self._advance_grammar(update):
+            if update.request.request_id in refused:
+                self._fail(update.request.request_id, f"the grammar refused the sampled tokens {update.token_ids}")
+            else:
                 self._emit(update, logprob)
 
     # --- admission ---
@@ -230,13 +237,14 @@ class ContinuousEngine:
 
     # --- outputs ---
 
-    def _advance_grammar(self, update: TokenUpdate) -> bool:
-        """The row's matcher takes its appended tokens (and only those: they are what a preempted row keeps)."""
-        grammar = self._sequences[update.request.request_id].grammar
-        if grammar is None or grammar.accept(update.token_ids):
-            return True
-        self._fail(update.request.request_id, f"the grammar refused the sampled tokens {update.token_ids}")
-        return False
+    def _advance_grammars(self, updates: list[TokenUpdate]) -> set[str]:
+        """Constrained rows' matchers take their appended token (and only that: it is what a preempted row keeps);
+        the ids of rows whose grammar refused it."""
+        advancing = [(u, grammar) for u in updates if (grammar := self._sequences[u.request.request_id].grammar)]
+        if not advancing:
+            return set()
+        accepted = accept_tokens([grammar for _, grammar in advancing], [u.token_ids[0] for u, _ in advancing])
+        return {u.request.request_id for (u, _), ok in zip(advancing, accepted, strict=True) if not ok}
 
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
         request_id = update.request.request_id

@@ -9,6 +9,7 @@ distribution the token was drawn from, before penalties and temperature), so dis
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -41,9 +42,15 @@ class SampledTokens:
     logprobs: list[TokenLogprob | None]
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow], argmax: Argmax = torch_argmax) -> SampledTokens:
-    """`logits` [S, V] float, row i belonging to rows[i]; `argmax` picks the greedy rows' tokens."""
-    logits = apply_grammars(logits, rows)
+def sample(
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    argmax: Argmax = torch_argmax,
+    bitmasks: Future[torch.Tensor] | None = None,
+) -> SampledTokens:
+    """`logits` [S, V] float, row i belonging to rows[i]; `argmax` picks the greedy rows' tokens; `bitmasks`, the
+    constrained rows' bitmasks in row order, when they were filled ahead."""
+    logits = apply_grammars(logits, rows, bitmasks)
     raw_logits = logits
     logits = apply_penalties(logits, rows)
     logits = suppress_tokens(logits, rows)
@@ -58,12 +65,17 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], argmax: Argmax = torch
     return SampledTokens(token_ids, token_logprobs(raw_logits, token_ids, rows))
 
 
-def apply_grammars(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def apply_grammars(
+    logits: torch.Tensor, rows: list[SamplingRow], bitmasks: Future[torch.Tensor] | None = None
+) -> torch.Tensor:
     """Each constrained row's disallowed tokens at -inf; a batch without one is returned as it is, untouched."""
     constrained = [i for i, row in enumerate(rows) if row.grammar is not None]
     if not constrained:
         return logits
-    bitmask = fill_bitmasks([rows[i].grammar for i in constrained], logits.shape[-1])  # type: ignore[misc]
+    if bitmasks is None:
+        bitmask = fill_bitmasks([rows[i].grammar for i in constrained], logits.shape[-1])  # type: ignore[misc]
+    else:
+        bitmask = bitmasks.result()
     return mask_logits(logits, bitmask, constrained)
 
 

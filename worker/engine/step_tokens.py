@@ -4,6 +4,7 @@ rejection sampling) for rows that carried proposed tokens."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ def pick_tokens(
     logits: torch.Tensor,  # [sum of chunks' num_logits, V]
     sampling_row: Callable[[Request], SamplingRow],
     argmax: Argmax = torch_argmax,
+    bitmasks: Future[torch.Tensor] | None = None,  # the constrained rows', in chunk order, filled ahead
 ) -> StepTokens:
     first_rows, row = [], 0
     for chunk in chunks:
@@ -45,7 +47,7 @@ def pick_tokens(
     else:
         index = torch.tensor([first_rows[i] for i in plain], dtype=torch.long, device=logits.device)
         plain_logits = logits.index_select(0, index)
-    sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain], argmax)
+    sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain], argmax, bitmasks)
     token_ids: list[list[int]] = [[] for _ in chunks]
     logprobs: list[TokenLogprob | None] = [None] * len(chunks)
     for position, i in enumerate(plain):

@@ -34,7 +34,7 @@ class GrammarCompiler:
         self, tokenizer_path: str, vocab_size: int, stop_token_ids: frozenset[int], timeout_s: float, cache_size: int
     ) -> None:
         self._tokenizer_path = tokenizer_path
-        self._vocab_size = vocab_size  # the model's logits width, which may exceed the tokenizer's vocabulary
+        self.vocab_size = vocab_size  # the model's logits width, which may exceed the tokenizer's vocabulary
         self._stop_token_ids = sorted(stop_token_ids)
         self._timeout_s = timeout_s
         self._cache_size = cache_size
@@ -92,7 +92,7 @@ class GrammarCompiler:
     def _new_compiler(self) -> xgr.GrammarCompiler:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(self._tokenizer_path)
         info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
+            tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids
         )
         # xgrammar's own cache is off: ours, by spec hash, already runs each compile once
         return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 BITS_PER_WORD = 32
+NEG_INF = float("-inf")
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -15,9 +16,12 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor, row_indices: list[int]) -> torch.Tensor:
-    """`logits` [S, V] with the disallowed tokens of rows `row_indices` (bitmask row i for logits row
+    """`logits` [S, V] with the disallowed tokens of rows `row_indices` (ascending; bitmask row i for logits row
     row_indices[i]) at -inf; the other rows untouched. Out of place: the caller's logits stay raw."""
-    index = torch.tensor(row_indices, dtype=torch.long, device=logits.device)
     allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), logits.shape[-1])  # [G, V]
-    masked = logits.index_select(0, index).masked_fill(~allowed, float("-inf"))
-    return logits.index_copy(0, index, masked)
+    if len(row_indices) < logits.shape[0]:  # some rows are free: they allow every token
+        every_row = torch.ones_like(logits, dtype=torch.bool)
+        every_row[torch.tensor(row_indices, dtype=torch.long, device=logits.device)] = allowed
+        allowed = every_row
+    # one pass over [S, V]; masked_fill with a scalar measured twice as slow on a CPU thread
+    return torch.where(allowed, logits, NEG_INF)

@@ -1,26 +1,49 @@
-"""A constrained row's grammar state: it advances only on tokens the scheduler appended, so a preempted row (whose
-appended tokens are kept and recomputed) resumes with its matcher exactly where its text is."""
+"""A constrained row's grammar state, and the step's bitmasks of what each row may write next.
+
+A row's matcher advances only on tokens the scheduler appended, so a preempted row (whose appended tokens are kept
+and recomputed) resumes with its matcher exactly where its text is. Constrained rows never speculate, so each
+appends one token a step.
+"""
 
 from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import xgrammar as xgr
 
-_batch_filler = xgr.BatchGrammarMatcher(max_threads="auto")
+_batch_matcher = xgr.BatchGrammarMatcher(max_threads="auto")
 
 
 class RowGrammar:
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self.matcher = xgr.GrammarMatcher(compiled)
 
-    def accept(self, token_ids: list[int]) -> bool:
-        """False when the grammar refuses a token, which masked sampling never picks."""
-        return all(self.matcher.accept_token(token_id) for token_id in token_ids)
+
+def accept_tokens(grammars: list[RowGrammar], token_ids: list[int]) -> list[bool]:
+    """Each grammar takes its row's one new token; False where it refuses it (masked sampling never picks one)."""
+    return xgr.BatchGrammarMatcher.batch_accept_token([grammar.matcher for grammar in grammars], token_ids)
 
 
 def fill_bitmasks(grammars: list[RowGrammar], vocab_size: int) -> torch.Tensor:
     """The allowed next tokens of each grammar, [G, ceil(V / 32)] int32 on the CPU: bit j of word w allows token
     32 w + j."""
     bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
-    _batch_filler.batch_fill_next_token_bitmask([grammar.matcher for grammar in grammars], bitmask)
+    _batch_matcher.batch_fill_next_token_bitmask([grammar.matcher for grammar in grammars], bitmask)
     return bitmask
+
+
+class MaskFiller:
+    """Fills a step's bitmasks on a thread of its own while the forward pass runs: the matchers only change after
+    sampling, and xgrammar fills without the GIL, so the fill costs the step nothing on a spare core."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self._vocab_size = vocab_size
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+
+    def start(self, grammars: list[RowGrammar]) -> Future[torch.Tensor] | None:
+        """The bitmasks of `grammars`, in order; None when there are none to fill."""
+        return self._pool.submit(fill_bitmasks, grammars, self._vocab_size) if grammars else None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
