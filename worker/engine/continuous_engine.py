@@ -21,7 +21,7 @@ from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
 from worker.engine.grammar.compiler import GrammarCompiler
-from worker.engine.grammar.matcher import MaskFiller, RowGrammar, accept_tokens
+from worker.engine.grammar.matcher import MaskFiller, RowGrammar
 from worker.engine.inbox import EngineInbox, NewWork
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
 from worker.engine.model_runner import ModelRunner
@@ -182,11 +182,8 @@ class ContinuousEngine:
         updates = self._scheduler.update_from_output(batch, picked.token_ids)
         self._record_verifications(picked, {update.request.request_id: len(update.token_ids) for update in updates})
         self._record_step(batch)
-        refused = self._advance_grammars(updates)
         for update, logprob in zip(updates, picked.logprobs, strict=True):
-            if update.request.request_id in refused:
-                self._fail(update.request.request_id, f"the grammar refused the sampled tokens {update.token_ids}")
-            else:
+            if self._hand_to_grammar(update):
                 self._emit(update, logprob)
 
     # --- admission ---
@@ -237,14 +234,17 @@ class ContinuousEngine:
 
     # --- outputs ---
 
-    def _advance_grammars(self, updates: list[TokenUpdate]) -> set[str]:
-        """Constrained rows' matchers take their appended token (and only that: it is what a preempted row keeps);
-        the ids of rows whose grammar refused it."""
-        advancing = [(u, grammar) for u in updates if (grammar := self._sequences[u.request.request_id].grammar)]
-        if not advancing:
-            return set()
-        accepted = accept_tokens([grammar for _, grammar in advancing], [u.token_ids[0] for u, _ in advancing])
-        return {u.request.request_id for (u, _), ok in zip(advancing, accepted, strict=True) if not ok}
+    def _hand_to_grammar(self, update: TokenUpdate) -> bool:
+        """A constrained row's matcher takes its appended token (and only that: it is what a preempted row keeps)
+        with the row's next fill; False, failing the row, if it refused the one before."""
+        grammar = self._sequences[update.request.request_id].grammar
+        if grammar is None:
+            return True
+        if grammar.refused_token_id is not None:
+            self._fail(update.request.request_id, f"the grammar refused the sampled token {grammar.refused_token_id}")
+            return False
+        grammar.pending_token_id = update.token_ids[-1]
+        return True
 
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
         request_id = update.request.request_id

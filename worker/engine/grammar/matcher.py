@@ -2,7 +2,8 @@
 
 A row's matcher advances only on tokens the scheduler appended, so a preempted row (whose appended tokens are kept
 and recomputed) resumes with its matcher exactly where its text is. Constrained rows never speculate, so each
-appends one token a step.
+appends one token a step; the matcher takes it at the start of the row's next sampling step, with that step's
+fill, off the engine thread.
 """
 
 from __future__ import annotations
@@ -18,16 +19,21 @@ _batch_matcher = xgr.BatchGrammarMatcher(max_threads="auto")
 class RowGrammar:
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self.matcher = xgr.GrammarMatcher(compiled)
-
-
-def accept_tokens(grammars: list[RowGrammar], token_ids: list[int]) -> list[bool]:
-    """Each grammar takes its row's one new token; False where it refuses it (masked sampling never picks one)."""
-    return xgr.BatchGrammarMatcher.batch_accept_token([grammar.matcher for grammar in grammars], token_ids)
+        self.pending_token_id: int | None = None  # appended, not yet taken by the matcher
+        self.refused_token_id: int | None = None  # a token the matcher refused (masked sampling never picks one)
 
 
 def fill_bitmasks(grammars: list[RowGrammar], vocab_size: int) -> torch.Tensor:
-    """The allowed next tokens of each grammar, [G, ceil(V / 32)] int32 on the CPU: bit j of word w allows token
-    32 w + j."""
+    """Each grammar takes its pending token, then the allowed next tokens of each, [G, ceil(V / 32)] int32 on the
+    CPU: bit j of word w allows token 32 w + j."""
+    pending = [grammar for grammar in grammars if grammar.pending_token_id is not None]
+    if pending:
+        token_ids = [grammar.pending_token_id for grammar in pending]
+        accepted = xgr.BatchGrammarMatcher.batch_accept_token([grammar.matcher for grammar in pending], token_ids)
+        for grammar, token_id, is_accepted in zip(pending, token_ids, accepted, strict=True):
+            grammar.pending_token_id = None
+            if not is_accepted:
+                grammar.refused_token_id = token_id
     bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
     _batch_matcher.batch_fill_next_token_bitmask([grammar.matcher for grammar in grammars], bitmask)
     return bitmask
