@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerFast
 from api.errors import APIError
 from api.schemas import ChatMessage
 from tasks.config import Config
+from tasks.tool_calls import PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ class ModelInfo:
 
 
 def load_model_info(config: Config) -> ModelInfo:
+    if config.tool_call_parser not in PARSERS:
+        raise ValueError(f"TOOL_CALL_PARSER={config.tool_call_parser!r}: use one of {', '.join(PARSERS)}")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(config.model)
     model_config = _read_model_config(config.model)
     max_model_len = config.max_model_len or model_config["max_position_embeddings"]

@@ -10,6 +10,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from api.app import create_app
+from api.prompts import load_model_info
 from tasks.config import Config
 from tasks.db import upgrade_to_head
 from tests.api.test_validation import CHAT, COMPLETIONS, GOOD_MESSAGES, assert_nothing_recorded_or_queued
@@ -147,3 +148,8 @@ def test_good_constraints_pass_validation(tiny_model_dir: Path, body: dict) -> N
     )
     response = create_app(closed_redis).test_client().post(CHAT, json={"model": "tiny", **body})
     assert response.status_code == 503, response.get_data(as_text=True)
+
+
+def test_an_unknown_tool_call_parser_stops_the_api_at_start(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="TOOL_CALL_PARSER='mistral'"):
+        load_model_info(Config(model=str(tiny_model_dir), tool_call_parser="mistral"))

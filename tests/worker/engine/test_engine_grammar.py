@@ -118,3 +118,13 @@ def run_constrained(
     engine: ContinuousEngine, request_id: str, prompt: list[int], sampling: SamplingParams, grammar: GrammarSpec
 ) -> Collector:
     return run_request(engine, EngineRequest(request_id, prompt, sampling, grammar=grammar))
+
+
+def test_a_grammar_that_does_not_compile_is_the_requests_error_naming_its_field(
+    engine: ContinuousEngine, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    bad = GrammarSpec(GrammarKind.REGEX, "[a-", "structured_outputs.regex")
+    collector = run_constrained(engine, "bad", chat_prompt(tokenizer, "hi"), greedy(4), bad)
+    [output] = collector.outputs
+    assert output.is_request_error and output.error_param == "structured_outputs.regex"
+    assert output.error.startswith("structured_outputs.regex does not compile")
