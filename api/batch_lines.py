@@ -12,6 +12,7 @@ from api.errors import APIError, validation_error_info
 from api.generation import build_generate_request, check_model_name
 from api.prompts import ModelInfo, chat_prompt_ids, completion_prompt_ids
 from api.schemas import ChatCompletionRequest, CompletionRequest, StrictModel
+from api.tools import tool_plan
 from tasks.messages import Endpoint, ErrorInfo, GenerateRequest
 
 URL_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS}
@@ -95,9 +96,10 @@ def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any], 
         raise LineError(ErrorInfo("stream is not supported in batch requests", param="stream", code="invalid_value"))
     check_model_name(fields.model)
     if isinstance(fields, ChatCompletionRequest):
-        prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages)
-    else:
-        prompt_ids = completion_prompt_ids(info.tokenizer, fields.prompt)
+        tools = tool_plan(info.tokenizer, fields, info.tool_call_parser)
+        prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages, tools.template_tools)
+        return build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools)
+    prompt_ids = completion_prompt_ids(info.tokenizer, fields.prompt)
     return build_generate_request(info, endpoint, fields, prompt_ids, tenant)
 
 

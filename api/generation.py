@@ -20,6 +20,8 @@ from api.schemas import GenerationFields
 from api.services import db_session, services
 from api.sse import relay_frames, sse_response
 from api.steering import steering_and_monitor
+from api.structured import request_grammar
+from api.tools import NO_TOOLS, ToolPlan
 from tasks.celery_app import enqueue_generate
 from tasks.finish import finish_request
 from tasks.messages import Endpoint, ErrorInfo, FinishReason, GenerateRequest
@@ -45,11 +47,17 @@ def check_model_name(name: str) -> None:
 
 
 def build_generate_request(
-    info: ModelInfo, endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], tenant: str
+    info: ModelInfo,
+    endpoint: Endpoint,
+    fields: GenerationFields,
+    prompt_ids: list[int],
+    tenant: str,
+    tools: ToolPlan = NO_TOOLS,
 ) -> GenerateRequest:
-    """`tenant`'s request to the worker for validated fields: sampling, steering and monitor checked against the
-    model."""
+    """`tenant`'s request to the worker for validated fields: sampling, steering, monitor and grammar checked against
+    the model."""
     sampling = sampling_params(info, fields, len(prompt_ids))
+    grammar = request_grammar(info.tokenizer, fields, tools.grammar)
     steering, monitor = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
     return GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
@@ -62,12 +70,16 @@ def build_generate_request(
         steering=steering,
         monitor=monitor,
         tenant=tenant,
+        grammar=grammar,
+        tool_parser=tools.parser,
     )
 
 
-def generate(endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict) -> Response:
+def generate(
+    endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict, tools: ToolPlan = NO_TOOLS
+) -> Response:
     tenant = current_principal().tenant
-    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids, tenant)
+    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids, tenant, tools)
     record = _record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
 
@@ -167,7 +179,7 @@ def _wait(record: RequestRecord) -> Response:
     if finished.result.error is not None:
         error = finished.result.error
         return jsonify({"error": error}), ERROR_STATUS.get(error.get("type"), 500)
-    return jsonify(completion_object(finished))
+    return jsonify(completion_object(finished, svc.config.tool_call_parser))
 
 
 def json_body() -> dict:

@@ -6,12 +6,14 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
 from api.errors import APIError
 from api.schemas import ChatMessage
 from tasks.config import Config
+from tasks.tool_calls import PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +26,12 @@ class ModelInfo:
     hidden_size: int = 0  # what a raw steering vector's length must be; 0: unknown
     num_layers: int = 0  # decoder layers a steering vector can name; 0: unknown
     speculative_methods: frozenset[str] = frozenset({"ngram", "none"})  # what a request's `speculative` may name
+    tool_call_parser: str = "hermes"  # the format the model writes tool calls in (the workers share this Config)
 
 
 def load_model_info(config: Config) -> ModelInfo:
+    if config.tool_call_parser not in PARSERS:
+        raise ValueError(f"TOOL_CALL_PARSER={config.tool_call_parser!r}: use one of {', '.join(PARSERS)}")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(config.model)
     model_config = _read_model_config(config.model)
     max_model_len = config.max_model_len or model_config["max_position_embeddings"]
@@ -40,6 +45,7 @@ def load_model_info(config: Config) -> ModelInfo:
         hidden_size=int(text_config.get("hidden_size", 0)),
         num_layers=num_layers,
         speculative_methods=_speculative_methods(config, num_layers),
+        tool_call_parser=config.tool_call_parser,
     )
 
 
@@ -61,15 +67,39 @@ def _read_model_config(model: str) -> dict:
     return json.loads(Path(hf_hub_download(model, "config.json")).read_text())
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerFast, messages: list[ChatMessage]) -> list[int]:
+def chat_prompt_ids(
+    tokenizer: PreTrainedTokenizerFast, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The prompt the model's chat template makes of `messages`, with `tools` offered (HF's `tools=` argument)."""
     if not tokenizer.chat_template:
         raise APIError(400, "This model has no chat template; use /v1/completions.", param="messages")
-    conversation = [{"role": m.role, "content": m.text} for m in messages]
+    conversation = [_template_message(m) for m in messages]
     try:
-        text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # the template's own raise_exception() tells the user what it expects
         raise APIError(400, f"The chat template rejected the messages: {exc}", param="messages") from exc
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates take it: a call's arguments as an object (templates write them with tojson)."""
+    rendered: dict[str, Any] = {"role": message.role, "content": message.text}
+    if message.tool_calls:
+        rendered["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.function.name,
+                                                             "arguments": _arguments(call.function.arguments)}}
+            for call in message.tool_calls
+        ]  # fmt: skip
+    if message.tool_call_id:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON: the template shows it as it came
 
 
 def completion_prompt_ids(tokenizer: PreTrainedTokenizerFast, prompt: str | list[int]) -> list[int]:

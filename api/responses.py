@@ -28,8 +28,8 @@ class StreamMeta:
         )
 
 
-def completion_object(record: RequestRecord) -> dict[str, Any]:
-    """The non-streamed response of a finished request."""
+def completion_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
+    """The non-streamed response of a finished request; `tool_parser` reads the calls of a choice that made some."""
     result = record.result
     assert result is not None, "completion_object needs a finished request"
     return completion_body(
@@ -44,10 +44,11 @@ def completion_object(record: RequestRecord) -> dict[str, Any]:
         extra_choices=[ChoiceResult.from_dict(choice) for choice in result.extra_choices or []],
         steering=result.steering,
         monitor=result.monitor,
+        tool_parser=tool_parser,
     )
 
 
-def request_object(record: RequestRecord) -> dict[str, Any]:
+def request_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
     """GET /v1/requests/{id}: status, and the response or error once there is one."""
     result = record.result
     return {
@@ -57,7 +58,7 @@ def request_object(record: RequestRecord) -> dict[str, Any]:
         "model": record.model,
         "status": record.status,
         "created": record.created,
-        "response": completion_object(record) if result is not None and result.error is None else None,
+        "response": completion_object(record, tool_parser) if result is not None and result.error is None else None,
         "error": result.error if result is not None else None,
     }
 
@@ -69,12 +70,7 @@ def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
     if event.type == EventType.START:
         return [_chunk(meta, {"role": "assistant", "content": ""}, None)] if meta.endpoint == Endpoint.CHAT else []
     if event.type == EventType.DELTA:
-        if not (event.text or event.logprobs or event.finish_reason):
-            return []
-        logprobs = choice_logprobs_of(meta.endpoint, event.logprobs) if event.logprobs else None
-        finish_reason = event.finish_reason.value if event.finish_reason else None
-        delta = {"content": event.text} if event.text or not finish_reason else {}
-        return [_chunk(meta, delta, finish_reason, text=event.text, logprobs=logprobs, index=event.index)]
+        return _delta_chunks(meta, event)
     chunks = [_chunk(meta, {}, event.finish_reason.value if event.finish_reason else None)]
     if meta.include_usage and event.usage is not None:
         chunks.append({**_envelope(meta), "choices": [], "usage": event.usage.to_dict()})
@@ -85,6 +81,21 @@ def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
     }
     if reports:
         chunks.append({**_envelope(meta), "choices": [], **reports})
+    return chunks
+
+
+def _delta_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
+    """New text (with its logprobs), then each tool call entry in a chunk of its own, then the finish reason."""
+    finish_reason = event.finish_reason.value if event.finish_reason else None
+    chunks = []
+    if event.text or event.logprobs or (finish_reason and not event.tool_calls):
+        logprobs = choice_logprobs_of(meta.endpoint, event.logprobs) if event.logprobs else None
+        delta = {"content": event.text} if event.text or not finish_reason else {}
+        last_reason = None if event.tool_calls else finish_reason
+        chunks.append(_chunk(meta, delta, last_reason, text=event.text, logprobs=logprobs, index=event.index))
+    chunks.extend(_chunk(meta, {"tool_calls": [entry]}, None, index=event.index) for entry in event.tool_calls)
+    if event.tool_calls and finish_reason:
+        chunks.append(_chunk(meta, {}, finish_reason, index=event.index))
     return chunks
 
 

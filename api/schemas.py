@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from api.steering_schemas import MonitorBody, SteeringBody
+from api.structured_schemas import StrictModel, StructuredFields, ToolCallBody, ToolFields
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
@@ -14,10 +15,6 @@ MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16
 MAX_SPECULATIVE_TOKENS = 16
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(StrictModel):
@@ -33,7 +30,16 @@ class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = None  # role "tool": the call this message answers
+    tool_calls: list[ToolCallBody] | None = None  # role "assistant": the calls it made
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a message with role 'tool' needs the tool_call_id it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     @property
     def text(self) -> str:
@@ -50,8 +56,9 @@ class SpeculativeBody(StrictModel):
     num_tokens: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
 
 
-class GenerationFields(StrictModel):
-    """Fields shared by chat and completions, OpenAI's and vLLM's extra sampling parameters."""
+class GenerationFields(StructuredFields):
+    """Fields shared by chat and completions, OpenAI's and vLLM's extra sampling parameters (and vLLM's
+    structured-output constraints)."""
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -108,7 +115,7 @@ class GenerationFields(StrictModel):
         return None
 
 
-class ChatCompletionRequest(GenerationFields):
+class ChatCompletionRequest(GenerationFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from scripts import stamped_build, tiny_corpus
+    from scripts import stamped_build, tiny_corpus, tiny_tool_corpus
 except ImportError:  # run as a file (python scripts/build_tiny_model.py): scripts/ itself is on sys.path
     import stamped_build
     import tiny_corpus
+    import tiny_tool_corpus
 
 log = logging.getLogger("build_tiny_model")
 
@@ -40,10 +41,23 @@ SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
 )
+# Tools, when offered, come first as a "tools" turn of one JSON function per line; an assistant's calls follow its
+# content as Hermes-style blocks, one per line, the format TOOL_CALL_PARSER=hermes reads; a tool's result is a
+# "tool" turn.
 CHAT_TEMPLATE = (
     "{{- bos_token }}"
+    "{%- if tools %}"
+    "{{- '<|start_header_id|>tools<|end_header_id|>\\n\\n' }}"
+    "{%- for tool in tools %}{{- (tool.function if tool.function is defined else tool) | tojson + '\\n' }}{%- endfor %}"
+    "{{- '<|eot_id|>' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim }}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + (message['content'] or '') | trim }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- set arguments = call.function.arguments %}"
+    "{{- ('\\n' if not loop.first else '') + '<tool_call>\\n{\"name\": ' + call.function.name | tojson }}"
+    "{{- ', \"arguments\": ' + (arguments if arguments is string else arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
     "{{- '<|eot_id|>' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
@@ -52,6 +66,7 @@ CHAT_TEMPLATE = (
 )
 NUM_CONVERSATIONS = 6000
 NUM_PARAGRAPHS = 1500
+NUM_TOOL_CHATS = 1500
 SEQ_LEN = 128
 BATCH_SIZE = 16
 LEARNING_RATE = 3e-3
@@ -75,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def compute_build_hash(args: argparse.Namespace) -> str:
     """What the output depends on: these sources, the arguments (not --out/--force), the library versions."""
     digest = hashlib.sha256()
-    for source in (Path(__file__), Path(tiny_corpus.__file__)):
+    for source in (Path(__file__), Path(tiny_corpus.__file__), Path(tiny_tool_corpus.__file__)):
         digest.update(source.read_bytes())
     settings = {
         "train_steps": args.train_steps,
@@ -167,9 +182,13 @@ def build_model(tokenizer: Any, seed: int, num_layers: int) -> Any:
 
 
 def render_training_texts(
-    tokenizer: Any, conversations: list[tiny_corpus.Conversation], paragraphs: list[str]
+    tokenizer: Any,
+    conversations: list[tiny_corpus.Conversation],
+    paragraphs: list[str],
+    tool_chats: list[tiny_tool_corpus.ToolChat] | None = None,
 ) -> list[str]:
     chats = [tokenizer.apply_chat_template(c, tokenize=False) for c in conversations]
+    chats += [tokenizer.apply_chat_template(m, tools=t or None, tokenize=False) for t, m in tool_chats or []]
     return chats + [BOS + paragraph + EOT_TEXT for paragraph in paragraphs]
 
 
@@ -249,8 +268,13 @@ def build_into(folder: Path, args: argparse.Namespace) -> dict[str, float]:
     hf_logging.disable_progress_bar()
     conversations = tiny_corpus.build_conversations(NUM_CONVERSATIONS, args.seed)
     paragraphs = tiny_corpus.build_paragraphs(NUM_PARAGRAPHS, args.seed)
+    tool_chats = tiny_tool_corpus.build_tool_chats(NUM_TOOL_CHATS, args.seed)
     if args.tokenizer_from is None:
-        tokenizer = train_tokenizer(list(tiny_corpus.iter_plain_texts(conversations, paragraphs)), args.vocab_size)
+        texts = [
+            *tiny_corpus.iter_plain_texts(conversations, paragraphs),
+            *tiny_tool_corpus.iter_tool_chat_texts(tool_chats),
+        ]
+        tokenizer = train_tokenizer(texts, args.vocab_size)
     else:
         from transformers import PreTrainedTokenizerFast
 
@@ -258,7 +282,7 @@ def build_into(folder: Path, args: argparse.Namespace) -> dict[str, float]:
     model = build_model(tokenizer, args.seed, args.num_layers)
     stats: dict[str, float] = {"steps": 0}
     if args.train_steps > 0:
-        windows = pack_windows(tokenizer, render_training_texts(tokenizer, conversations, paragraphs))
+        windows = pack_windows(tokenizer, render_training_texts(tokenizer, conversations, paragraphs, tool_chats))
         stats = train(model, windows, args.train_steps, args.seed)
         log.info("sample reply to 'what is 3 plus 4?': %r", sample_reply(model, tokenizer, "what is 3 plus 4?"))
     tokenizer.save_pretrained(folder)

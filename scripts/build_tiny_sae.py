@@ -4,8 +4,8 @@
 
 A standard (ReLU) SAE on `blocks.2.hook_resid_post`, trained for a few seconds on the model's residual
 stream over generated text, whose first features are then replaced by constructed ones: feature i's
-decoder vector is the direction that raises the logit of one chosen token most through the final norm
-and unembedding, so steering with it has a known effect. `steering_demo.json` lists those features,
+decoder vector is a direction along which one chosen token's logit, through the final norm and unembedding,
+beats every other token's, so steering with it has a known effect. `steering_demo.json` lists those features,
 their tokens and a strength at which the token becomes the model's top choice. A stamp (hash of these
 sources, the model's own stamp and the arguments) makes a repeated run a no-op.
 """
@@ -45,6 +45,7 @@ LEARNING_RATE = 5e-3
 L1_COEFFICIENT = 0.5
 STRENGTHS = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 STRENGTH_MARGIN = 2.0  # the recorded strength is this times the smallest that worked on every probe
+SEPARATION_STEPS, SEPARATION_LR, SEPARATION_SCALE = 100, 0.05, 4.0  # logit_direction's ascent
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -133,8 +134,23 @@ def train_sae(residuals: Any, config: Any, steps: int, seed: int) -> dict[str, A
 
 
 def logit_direction(model: Any, token_id: int) -> Any:
-    """The unit residual direction that raises token_id's logit most through the final RMSNorm and lm_head."""
-    direction = model.model.norm.weight.detach() * model.lm_head.weight[token_id].detach()  # [hidden]
+    """A unit residual direction along which token_id out-scores every other token through the final RMSNorm's
+    weight and lm_head. It starts as the direction that raises token_id's logit most, then moves away from the
+    tokens whose unembeddings lie close to it (a model that writes " white" and " blue" in the same places
+    gives them nearly parallel rows, and the plain direction raises the longer one most)."""
+    import torch
+
+    gain, unembedding = model.model.norm.weight.detach(), model.lm_head.weight.detach()  # [hidden], [V, hidden]
+    direction = (gain * unembedding[token_id]).requires_grad_()
+    optimizer = torch.optim.Adam([direction], lr=SEPARATION_LR)
+    target = torch.tensor([token_id])
+    for _ in range(SEPARATION_STEPS):
+        logits = unembedding @ (gain * direction / direction.norm())  # [V]
+        loss = torch.nn.functional.cross_entropy(SEPARATION_SCALE * logits[None], target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    direction = direction.detach()
     return direction / direction.norm()
 
 

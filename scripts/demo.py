@@ -1,6 +1,6 @@
 """`make demo`: start the stack on the embedded defaults, stream one chat reply, send a few concurrent
-requests with the official `openai` client, print them, and stop everything. The demo makes its own admin key
-(`demo`) in the stack's database for its client, and revokes it at the end."""
+requests with the official `openai` client, print them, let the model call a tool, and stop everything. The demo
+makes its own admin key (`demo`) in the stack's database for its client, and revokes it at the end."""
 
 from __future__ import annotations
 
@@ -20,6 +20,15 @@ from tasks.logs import configure_logging
 logger = logging.getLogger("demo")
 QUESTIONS = ["what is 3 plus 4?", "name a color", "tell me about cats", "what is 2 plus 2?"]
 KEY_NAME = "demo"
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def stream_one(client: OpenAI, model: str) -> None:
@@ -57,6 +66,18 @@ def ask(client: OpenAI, model: str, question: str) -> tuple[str, str, str | None
     )
 
 
+def call_a_tool(client: OpenAI, model: str) -> None:
+    """The model decides to call the offered tool (tool_choice "auto"); its reply is parsed into tool_calls."""
+    question = "what is the weather in Paris?"
+    messages = [{"role": "user", "content": question}]
+    reply = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], max_tokens=48)
+    choice = reply.choices[0]
+    sys.stdout.write(f"> {question} (tools: get_weather)\n")
+    for call in choice.message.tool_calls or []:
+        sys.stdout.write(f"  tool call {call.id}: {call.function.name}({call.function.arguments})\n")
+    sys.stdout.write(f"  content {choice.message.content!r} ({choice.finish_reason})\n")
+
+
 def main() -> int:
     config = Config.from_env()
     configure_logging(config)
@@ -71,6 +92,7 @@ def main() -> int:
         with ThreadPoolExecutor(len(QUESTIONS)) as pool:
             for question, answer, finish_reason, seconds in pool.map(lambda q: ask(client, model, q), QUESTIONS):
                 sys.stdout.write(f"> {question}\n  {answer!r} ({finish_reason}, {seconds:.2f} s)\n")
+        call_a_tool(client, model)
         return 0
     finally:
         stack.stop()

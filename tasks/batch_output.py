@@ -39,6 +39,7 @@ def output_line(line: BatchLine) -> dict[str, Any]:
         steering=line.steering,
         monitor=line.monitor,
         extra_choices=[ChoiceResult.from_dict(choice) for choice in line.extra_choices or []],
+        tool_parser=request.get("tool_parser"),
     )
     response = {"status_code": 200, "request_id": line.request_id, "body": body}
     return {"id": _line_id(line), "custom_id": line.custom_id, "response": response, "error": None}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.messages import ChoiceResult, Endpoint, Usage
+from tasks.messages import ChoiceResult, Endpoint, FinishReason, Usage
+from tasks.tool_calls import parse_reply
 
 
 def completion_body(
@@ -20,9 +21,11 @@ def completion_body(
     extra_choices: list[ChoiceResult] | None = None,
     steering: dict[str, Any] | None = None,
     monitor: dict[str, Any] | None = None,
+    tool_parser: str | None = None,
 ) -> dict[str, Any]:
     """OpenAI's `chat.completion` or `text_completion` object: choice 0, then any further choices of n > 1; plus
-    steerbatch's `steering` and `monitor` reports when the request was steered or monitored."""
+    steerbatch's `steering` and `monitor` reports when the request was steered or monitored. A choice that ended in
+    tool calls has them parsed from its text by `tool_parser`, as its stream gave them."""
     first = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
     choices = [first] + [choice.to_dict() for choice in extra_choices or []]
     reports = {name: report for name, report in (("steering", steering), ("monitor", monitor)) if report is not None}
@@ -31,17 +34,19 @@ def completion_body(
         "object": "chat.completion" if endpoint == Endpoint.CHAT else "text_completion",
         "created": created,
         "model": model,
-        "choices": [_choice_object(endpoint, choice) for choice in choices],
+        "choices": [_choice_object(endpoint, choice, request_id, tool_parser) for choice in choices],
         "usage": usage.to_dict(),
         "system_fingerprint": None,
         **reports,
     }
 
 
-def _choice_object(endpoint: Endpoint, choice: dict[str, Any]) -> dict[str, Any]:
+def _choice_object(
+    endpoint: Endpoint, choice: dict[str, Any], request_id: str, tool_parser: str | None
+) -> dict[str, Any]:
     logprobs = choice_logprobs_of(endpoint, choice["logprobs"])
     if endpoint == Endpoint.CHAT:
-        message = {"role": "assistant", "content": choice["text"]}
+        message = _message(choice, f"{request_id}:{choice['index']}", tool_parser)
         return {
             "index": choice["index"],
             "message": message,
@@ -54,6 +59,13 @@ def _choice_object(endpoint: Endpoint, choice: dict[str, Any]) -> dict[str, Any]
         "logprobs": logprobs,
         "finish_reason": choice["finish_reason"],
     }
+
+
+def _message(choice: dict[str, Any], id_prefix: str, tool_parser: str | None) -> dict[str, Any]:
+    if choice["finish_reason"] != FinishReason.TOOL_CALLS.value or tool_parser is None:
+        return {"role": "assistant", "content": choice["text"]}
+    reply = parse_reply(tool_parser, choice["text"], id_prefix)
+    return {"role": "assistant", "content": reply.content, "tool_calls": [call.to_dict() for call in reply.tool_calls]}
 
 
 def choice_logprobs_of(endpoint: Endpoint, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:

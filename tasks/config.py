@@ -91,6 +91,10 @@ class Config:
     steering_max_strength: float = 1000.0  # strengths beyond it are clamped, and the response says so
     monitor_max_top_k: int = 64
     monitor_max_values: int = 32768  # positions x top_k one request may ask to monitor; more is a 400
+    # Structured outputs and tools
+    tool_call_parser: str = "hermes"  # the format the model writes tool calls in: hermes or llama3_json (vLLM's names)
+    grammar_compile_timeout_s: float = 10.0  # a grammar that takes longer to compile is the request's error (400)
+    grammar_cache_size: int = 256  # compiled grammars each worker keeps, by schema hash
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:

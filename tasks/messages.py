@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from tasks.grammar_messages import GrammarSpec
 from tasks.steering_messages import MonitorSpec, SteeringSpec
 from tasks.tenants import DEFAULT_TENANT
 
@@ -20,6 +21,7 @@ class FinishReason(str, Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # cancelled: client disconnect or explicit cancel
+    TOOL_CALLS = "tool_calls"  # the reply made tool calls (it ended by a stop or its length, as vLLM reports)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class GenerateRequest:
     steering: SteeringSpec | None = None  # None: the request said nothing, so its tenant's or the worker's profile
     monitor: MonitorSpec | None = None
     tenant: str = DEFAULT_TENANT  # whose request it is: picks the tenant's steering profile in the worker
+    grammar: GrammarSpec | None = None  # structured output or forced tool calls: every token obeys it
+    tool_parser: str | None = None  # the reply's tool calls are parsed in this format (tools offered, not "none")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +125,8 @@ class GenerateRequest:
             "steering": None if self.steering is None else self.steering.to_dict(),
             "monitor": None if self.monitor is None else self.monitor.to_dict(),
             "tenant": self.tenant,
+            "grammar": None if self.grammar is None else self.grammar.to_dict(),
+            "tool_parser": self.tool_parser,
         }
 
     @classmethod
@@ -136,6 +142,8 @@ class GenerateRequest:
             steering=None if data.get("steering") is None else SteeringSpec.from_dict(data["steering"]),
             monitor=None if data.get("monitor") is None else MonitorSpec.from_dict(data["monitor"]),
             tenant=data.get("tenant", DEFAULT_TENANT),  # messages and ledger rows from before tenancy
+            grammar=None if data.get("grammar") is None else GrammarSpec.from_dict(data["grammar"]),
+            tool_parser=data.get("tool_parser"),
         )
 
 
@@ -228,6 +236,7 @@ class StreamEvent:
     index: int = 0  # DELTA: the choice; with n > 1 a DELTA ends choices 1.. with finish_reason, FINAL ends choice 0
     steering: dict[str, Any] | None = None  # FINAL: the steering that ran (steerbatch's report)
     monitor: dict[str, Any] | None = None  # FINAL: the monitored positions
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # DELTA: OpenAI's delta.tool_calls entries
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -241,6 +250,7 @@ class StreamEvent:
             "error": self.error.to_dict() if self.error else None,
             "steering": self.steering,
             "monitor": self.monitor,
+            "tool_calls": list(self.tool_calls),
         }
 
     @classmethod
@@ -256,4 +266,5 @@ class StreamEvent:
             index=int(data.get("index", 0)),
             steering=data.get("steering"),
             monitor=data.get("monitor"),
+            tool_calls=list(data.get("tool_calls", [])),
         )

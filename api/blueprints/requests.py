@@ -27,7 +27,7 @@ def _find(request_id: str) -> RequestRecord:
 
 @bp.get("/v1/requests/<request_id>")
 def retrieve_request(request_id: str) -> Response:
-    return jsonify(request_object(_find(request_id)))
+    return jsonify(request_object(_find(request_id), services().config.tool_call_parser))
 
 
 @bp.get("/v1/requests/<request_id>/events")
@@ -52,4 +52,4 @@ def cancel_request(request_id: str) -> Response:
         cancel_generation(request_id)
         db_session().expire_all()
         record = _find(request_id)
-    return jsonify(request_object(record))
+    return jsonify(request_object(record, services().config.tool_call_parser))

@@ -18,6 +18,12 @@ config = Config(model=sys.argv[1], database_url="sqlite://", redis_url=f"redis:/
 app = create_app(config)
 body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 assert app.test_client().post("/v1/chat/completions", json=body).status_code == 503
+# and with a grammar to check, which the api compiles (with llguidance) before queueing
+tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+constrained = {**body, "tools": [tool], "tool_choice": "required", "stop": ["x"]}
+assert app.test_client().post("/v1/chat/completions", json=constrained).status_code == 503
+schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+assert app.test_client().post("/v1/chat/completions", json={**body, "response_format": schema}).status_code == 503
 assert "torch" not in sys.modules, "the api imported torch"
 """
 

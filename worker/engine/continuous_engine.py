@@ -21,6 +21,8 @@ from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
+from worker.engine.grammar.compiler import GrammarCompiler
+from worker.engine.grammar.matcher import MaskFiller, RowGrammar
 from worker.engine.inbox import EngineInbox, NewWork
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
 from worker.engine.model_runner import ModelRunner
@@ -49,6 +51,13 @@ def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
     )
 
 
+def grammar_compiler(config: Config, runner: ModelRunner) -> GrammarCompiler:
+    vocab_size = runner.model.config.get_text_config().vocab_size  # the logits' width
+    return GrammarCompiler(
+        config.model, vocab_size, runner.eos_token_ids, config.grammar_compile_timeout_s, config.grammar_cache_size
+    )
+
+
 def speculation_config(config: Config) -> SpeculationConfig:
     return SpeculationConfig(
         max_batch_size=config.spec_max_batch_size,
@@ -65,6 +74,8 @@ class ContinuousEngine:
         self._config = config
         self._scheduler = Scheduler(scheduler_config(config, runner))
         self._speculator = Speculator(speculation_config(config), runner.max_model_len, load_proposers(config, runner))
+        self._grammars = grammar_compiler(config, runner)
+        self._masks = MaskFiller(self._grammars.vocab_size)
         self._inbox = EngineInbox()
         self._sequences: dict[str, EngineSequence] = {}
         self._step_monitor: WorkerMonitor | None = None  # the worker monitor as of the last `take_new_work`
@@ -89,13 +100,15 @@ class ContinuousEngine:
             self._abort_all()
 
     def submit(self, request: EngineRequest, on_output: OutputCallback) -> None:
-        """Resolves the request's steering and monitor on the caller's thread, so an SAE loading from disk never
-        holds up the batch; a failure comes back as the request's error output."""
+        """Resolves the request's steering and monitor, and compiles its grammar, on the caller's thread, so an SAE
+        loading from disk or a grammar compiling never holds up the batch; a failure comes back as the request's
+        error output."""
         try:
             sae, sae_error = resolve_request_sae(request, self._runner.saes, self._config), None
         except ValueError as exc:
             sae, sae_error = None, f"steering or monitor: {exc}"
-        self._inbox.submit(Submission(request, on_output, sae, sae_error))
+        grammar, grammar_error = self._grammars.compile_for(request.grammar)
+        self._inbox.submit(Submission(request, on_output, sae, sae_error, grammar, grammar_error))
 
     def cancel(self, request_id: str) -> None:
         self._inbox.cancel(request_id)
@@ -128,6 +141,8 @@ class ContinuousEngine:
         finally:
             self._inbox.stop()  # whatever ended the loop, later submissions are refused rather than never answered
             self._abort_all()
+            self._grammars.close()
+            self._masks.close()
 
     def take_new_work(self) -> bool:
         """Admits submissions and applies cancellations; False when the engine is stopping."""
@@ -157,10 +172,12 @@ class ContinuousEngine:
 
     def _run_batch(self, batch: Batch) -> StepTokens:
         rows = [self._sequences[chunk.request.request_id].sae for chunk in batch.chunks]
+        grammars = [self._sequences[chunk.request.request_id].grammar for chunk in batch.sampling_chunks]
+        bitmasks = self._masks.start([grammar for grammar in grammars if grammar is not None])
         output = self._runner.run(batch, rows, self._step_monitor)
         for request_id, positions in output.monitored.items():
             self._sequences[request_id].monitored.extend(positions)
-        return pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax)
+        return pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax, bitmasks)
 
     def _postprocess(self, batch: Batch, picked: StepTokens) -> None:
         if picked.failed:
@@ -169,7 +186,8 @@ class ContinuousEngine:
         self._record_verifications(picked, {update.request.request_id: len(update.token_ids) for update in updates})
         self._record_step(batch)
         for update, logprob in zip(updates, picked.logprobs, strict=True):
-            self._emit(update, logprob)
+            if self._hand_to_grammar(update):
+                self._emit(update, logprob)
 
     def _drop_failed_rows(self, batch: Batch, picked: StepTokens) -> tuple[Batch, StepTokens]:
         """Ends each request whose row could not be sampled, and the step without them: the others go on as if
@@ -200,13 +218,20 @@ class ContinuousEngine:
         request = submission.request
         scheduled = scheduled_request(request, submission.sae, self._runner.eos_token_ids)
         generator = request_generator(request, self._runner.device)
-        sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae)
+        grammar = None if submission.grammar is None else RowGrammar(submission.grammar)
+        sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae, grammar)
         self._sequences[request.request_id] = sequence
-        error = submission.sae_error or admission_error(
-            request, self._runner.max_model_len, self._scheduler.max_tokens_fitting(), self._speculator.methods
+        grammar_error = None if submission.sae_error else submission.grammar_error
+        error = (
+            submission.sae_error
+            or (grammar_error and str(grammar_error))
+            or admission_error(
+                request, self._runner.max_model_len, self._scheduler.max_tokens_fitting(), self._speculator.methods
+            )
         )
         if error is not None:
-            refusal = EngineOutput(request.request_id, [], error=error, is_request_error=True)
+            param = grammar_error and grammar_error.param
+            refusal = EngineOutput(request.request_id, [], error=error, is_request_error=True, error_param=param)
             self._finish(request.request_id, refusal)
         else:
             self._scheduler.add(scheduled)
@@ -222,6 +247,18 @@ class ContinuousEngine:
         return self._sequences[request.request_id].sampling_row()
 
     # --- outputs ---
+
+    def _hand_to_grammar(self, update: TokenUpdate) -> bool:
+        """A constrained row's matcher takes its appended token (and only that: it is what a preempted row keeps)
+        with the row's next fill; False, failing the row, if it refused the one before."""
+        grammar = self._sequences[update.request.request_id].grammar
+        if grammar is None:
+            return True
+        if grammar.refused_token_id is not None:
+            self._fail(update.request.request_id, f"the grammar refused the sampled token {grammar.refused_token_id}")
+            return False
+        grammar.pending_token_id = update.token_ids[-1]
+        return True
 
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:
         request_id = update.request.request_id

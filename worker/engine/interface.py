@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from tasks.grammar_messages import GrammarSpec
 from tasks.messages import FinishReason, SamplingParams, TokenLogprob
 from tasks.steering_messages import MonitoredPosition, MonitorSpec, SteeringSpec
 
@@ -21,6 +22,7 @@ class EngineRequest:
     priority: int = INTERACTIVE_PRIORITY  # lower runs first; bulk lines yield to chat
     steering: SteeringSpec | None = None  # None: unsteered; a spec with nothing in it: explicitly unsteered
     monitor: MonitorSpec | None = None
+    grammar: GrammarSpec | None = None  # every token obeys it
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class EngineOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None
     is_request_error: bool = False  # the request itself was refused at admission: the client's to fix
+    error_param: str | None = None  # the request field at fault, for a refusal
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served (OpenAI's usage.prompt_tokens_details)
     num_proposed_tokens: int = 0  # so far for this request, by speculative decoding

@@ -1,18 +1,24 @@
-"""Picks each row's next token on the device: penalties, min_tokens, temperature, top-k / top-p / min-p, a draw
-from the row's own generator, and the logprobs the request asked for.
+"""Picks each row's next token on the device: grammar masks, penalties, min_tokens, temperature, top-k / top-p /
+min-p, a draw from the row's own generator, and the logprobs the request asked for.
 
-Logprobs are those of the model's raw distribution (before penalties and temperature), as vLLM reports by default.
+Logprobs are those of the model's raw distribution (before penalties and temperature), as vLLM reports by default;
+for a row constrained by a grammar, of that distribution renormalized over the tokens the grammar allows (the
+distribution the token was drawn from, before penalties and temperature), so disallowed tokens never appear.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
 from tasks.messages import SamplingParams, TokenLogprob
+from worker.engine.grammar.masks import mask_logits
+from worker.engine.grammar.matcher import RowGrammar, fill_bitmasks
 
+NEG_INF = float("-inf")
 Argmax = Callable[[torch.Tensor], torch.Tensor]  # [S, V] -> [S] int64, the first largest index of each row
 
 
@@ -27,6 +33,7 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     suppressed_token_ids: tuple[int, ...] = ()  # masked this step (stop tokens before min_tokens)
+    grammar: RowGrammar | None = None  # a constrained row: only tokens its grammar allows next
 
 
 @dataclass(frozen=True)
@@ -35,8 +42,15 @@ class SampledTokens:
     logprobs: list[TokenLogprob | None]
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow], argmax: Argmax = torch_argmax) -> SampledTokens:
-    """`logits` [S, V] float, row i belonging to rows[i]; `argmax` picks the greedy rows' tokens."""
+def sample(
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    argmax: Argmax = torch_argmax,
+    bitmasks: Future[torch.Tensor] | None = None,
+) -> SampledTokens:
+    """`logits` [S, V] float, row i belonging to rows[i]; `argmax` picks the greedy rows' tokens; `bitmasks`, the
+    constrained rows' bitmasks in row order, when they were filled ahead."""
+    logits = apply_grammars(logits, rows, bitmasks)
     raw_logits = logits
     logits = apply_penalties(logits, rows)
     logits = suppress_tokens(logits, rows)
@@ -49,6 +63,20 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], argmax: Argmax = torch
         tokens[index] = draws
     token_ids = tokens.tolist()
     return SampledTokens(token_ids, token_logprobs(raw_logits, token_ids, rows))
+
+
+def apply_grammars(
+    logits: torch.Tensor, rows: list[SamplingRow], bitmasks: Future[torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Each constrained row's disallowed tokens at -inf; a batch without one is returned as it is, untouched."""
+    constrained = [i for i, row in enumerate(rows) if row.grammar is not None]
+    if not constrained:
+        return logits
+    if bitmasks is None:
+        bitmask = fill_bitmasks([rows[i].grammar for i in constrained], logits.shape[-1])  # type: ignore[misc]
+    else:
+        bitmask = bitmasks.result()
+    return mask_logits(logits, bitmask, constrained)
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -120,6 +148,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], rows: list[Sampli
     chosen = logprobs.gather(1, torch.tensor([[token_ids[i]] for i in wanted], device=logits.device))
     for position, i in enumerate(wanted):
         k = rows[i].params.logprobs or 0
-        top = tuple(zip(top_ids[position, :k].tolist(), top_values[position, :k].tolist(), strict=True))
+        pairs = zip(top_ids[position, :k].tolist(), top_values[position, :k].tolist(), strict=True)
+        top = tuple((token_id, value) for token_id, value in pairs if value != NEG_INF)  # a grammar's masked tokens
         result[i] = TokenLogprob(token_ids[i], float(chosen[position, 0]), top)
     return result

@@ -6,9 +6,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import torch
+from xgrammar import CompiledGrammar
 
 from scheduler.request import Request
 from tasks.steering_messages import MonitoredPosition
+from worker.engine.grammar.compiler import GrammarError
+from worker.engine.grammar.matcher import RowGrammar
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
 from worker.engine.sampler import SamplingRow
 from worker.steering.request_sae import RequestSAE
@@ -23,6 +26,7 @@ class EngineSequence:
     generator: torch.Generator | None
     scheduled: Request
     sae: RequestSAE | None = None
+    grammar: RowGrammar | None = None  # a constrained request's matcher, advanced by the tokens appended
     is_steering_reported: bool = False
     monitored: list[MonitoredPosition] = field(default_factory=list)  # read since the request's last output
     num_proposed_tokens: int = 0
@@ -33,7 +37,11 @@ class EngineSequence:
         # Built once: it holds the scheduler's own token lists, which grow in place, and a step asks for every row.
         scheduled = self.scheduled
         self._plain_row = SamplingRow(
-            self.request.sampling, self.generator, scheduled.prompt_token_ids, scheduled.output_token_ids
+            self.request.sampling,
+            self.generator,
+            scheduled.prompt_token_ids,
+            scheduled.output_token_ids,
+            grammar=self.grammar,
         )
 
     def sampling_row(self) -> SamplingRow:
@@ -87,3 +95,5 @@ class Submission:
     on_output: OutputCallback
     sae: RequestSAE | None
     sae_error: str | None  # the request's steering or monitor could not be resolved
+    grammar: CompiledGrammar | None = None  # the request's grammar, compiled on the submitting thread
+    grammar_error: GrammarError | None = None  # it did not compile

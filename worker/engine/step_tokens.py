@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -41,11 +42,14 @@ def pick_tokens(
     logits: torch.Tensor,  # [sum of chunks' num_logits, V]
     sampling_row: Callable[[Request], SamplingRow],
     argmax: Argmax = torch_argmax,
+    bitmasks: Future[torch.Tensor] | None = None,  # the constrained rows', in chunk order, filled ahead
 ) -> StepTokens:
     try:
-        return pick_all_tokens(chunks, logits, sampling_row, argmax)
+        return pick_all_tokens(chunks, logits, sampling_row, argmax, bitmasks)
     except Exception:
         logger.exception("sampling a step of %d rows failed; sampling each row alone", len(chunks))
+        if bitmasks is not None:
+            wait([bitmasks])  # its thread is done with the matchers before each row fills its own mask
         return pick_tokens_row_by_row(chunks, logits, sampling_row, argmax)
 
 
@@ -78,6 +82,7 @@ def pick_all_tokens(
     logits: torch.Tensor,  # [sum of chunks' num_logits, V]
     sampling_row: Callable[[Request], SamplingRow],
     argmax: Argmax = torch_argmax,
+    bitmasks: Future[torch.Tensor] | None = None,
 ) -> StepTokens:
     first_rows, row = [], 0
     for chunk in chunks:
@@ -89,7 +94,7 @@ def pick_all_tokens(
     else:
         index = torch.tensor([first_rows[i] for i in plain], dtype=torch.long, device=logits.device)
         plain_logits = logits.index_select(0, index)
-    sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain], argmax)
+    sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain], argmax, bitmasks)
     token_ids: list[list[int]] = [[] for _ in chunks]
     logprobs: list[TokenLogprob | None] = [None] * len(chunks)
     for position, i in enumerate(plain):

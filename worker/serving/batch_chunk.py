@@ -50,7 +50,7 @@ class _LineRun:
         num_tokens = sum(c.num_tokens for c in choices)
         text = choices[0].text_stream.text
         if choice.error is not None:
-            error = {"message": choice.error, "type": choice.error_type, "param": None, "code": None}
+            error = {"message": choice.error, "type": choice.error_type, "param": choice.error_param, "code": None}
             return LineOutcome(LineStatus.FAILED, text, None, num_tokens, error)
         if choice.finish_reason == FinishReason.ABORT:
             return LineOutcome(stopped_as or LineStatus.CANCELLED, text, None, num_tokens)

@@ -53,7 +53,7 @@ class FollowedRequest:
             self.report.add(output)
             delta = choice.apply(output, tokenizer)
             if choice.error is not None:
-                self.error = ErrorInfo(choice.error, choice.error_type)
+                self.error = ErrorInfo(choice.error, choice.error_type, choice.error_param)
                 break
             if (event := _delta_event(choice.index, delta)) is not None:
                 events.append(event)
@@ -69,7 +69,7 @@ class FollowedRequest:
 def _delta_event(index: int, delta: ChoiceDelta) -> StreamEvent | None:
     """Choice 0's finish reason rides on the FINAL event; the others end with their last DELTA."""
     finish_reason = delta.finish_reason if index > 0 else None
-    if not (delta.text or delta.token_ids or finish_reason is not None):
+    if not (delta.text or delta.token_ids or delta.tool_calls or finish_reason is not None):
         return None
     return StreamEvent(
         EventType.DELTA,
@@ -78,6 +78,7 @@ def _delta_event(index: int, delta: ChoiceDelta) -> StreamEvent | None:
         logprobs=delta.logprobs,
         index=index,
         finish_reason=finish_reason,
+        tool_calls=delta.tool_calls,
     )
 
 

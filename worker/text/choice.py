@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from tasks.messages import ChoiceResult, FinishReason, GenerateRequest
 from tasks.steering_messages import SteeringSpec
+from tasks.tool_calls import ToolCallStream
 from worker.engine.interface import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
 from worker.text.logprob_entries import logprob_entries
 from worker.text.text_stream import TextStream
@@ -27,6 +28,7 @@ class ChoiceDelta:
     token_ids: list[int]
     logprobs: list[dict[str, Any]]
     finish_reason: FinishReason | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's delta.tool_calls entries
 
 
 @dataclass
@@ -35,11 +37,13 @@ class Choice:
     engine_request_id: str
     text_stream: TextStream
     wants_logprobs: bool
+    tool_calls: ToolCallStream | None = None  # the request offered tools: its text is read for calls
     num_tokens: int = 0
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
     error_type: str = "server_error"  # OpenAI's error type: invalid_request_error when the engine refused the request
+    error_param: str | None = None  # the request field the engine's refusal names
     num_cached_tokens: int = 0
     num_proposed_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -50,6 +54,7 @@ class Choice:
 
     def apply(self, output: EngineOutput, tokenizer: PreTrainedTokenizerFast) -> ChoiceDelta:
         if output.error is not None:
+            self.error_param = output.error_param
             if output.is_request_error:  # the engine refused the request: its message says what to fix
                 self.error, self.error_type = output.error, "invalid_request_error"
             else:  # the engine's own failure may name files and internals: the log gets it, the client a summary
@@ -69,7 +74,23 @@ class Choice:
         elif output.finish_reason is not None:
             text += self.text_stream.flush()
             self.finish_reason = output.finish_reason
-        return ChoiceDelta(text, output.new_token_ids, entries, self.finish_reason)
+        if self.tool_calls is None:
+            return ChoiceDelta(text, output.new_token_ids, entries, self.finish_reason)
+        return self._tool_call_delta(text, output.new_token_ids, entries)
+
+    def _tool_call_delta(self, text: str, token_ids: list[int], entries: list[dict[str, Any]]) -> ChoiceDelta:
+        """The new text split into content and whole calls; a reply that made calls finishes with "tool_calls"."""
+        stream = self.tool_calls
+        assert stream is not None
+        content, calls = stream.feed(text)
+        if self.finish_reason is not None:
+            tail, tail_calls = stream.flush()
+            content, calls = content + tail, calls + tail_calls
+            if stream.calls and self.finish_reason != FinishReason.ABORT:
+                self.finish_reason = FinishReason.TOOL_CALLS
+        first = len(stream.calls) - len(calls)
+        deltas = [entry for offset, call in enumerate(calls) for entry in call.delta_entries(first + offset)]
+        return ChoiceDelta(content, token_ids, entries, self.finish_reason, deltas)
 
     def result(self) -> ChoiceResult:
         return ChoiceResult(
@@ -99,8 +120,17 @@ def start_choice(
         sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
     monitor = request.monitor if index == 0 else None
     engine_request = EngineRequest(
-        choice_id, request.prompt_token_ids, sampling, priority, steering=steering, monitor=monitor
+        choice_id,
+        request.prompt_token_ids,
+        sampling,
+        priority,
+        steering=steering,
+        monitor=monitor,
+        grammar=request.grammar,
     )
-    engine.submit(engine_request, on_output)
     text_stream = TextStream(tokenizer, request.prompt_token_ids, sampling.stop)
-    return Choice(index, choice_id, text_stream, wants_logprobs=sampling.logprobs is not None)
+    parser = request.tool_parser
+    tool_calls = None if parser is None else ToolCallStream(parser, f"{request.request_id}:{index}")
+    choice = Choice(index, choice_id, text_stream, wants_logprobs=sampling.logprobs is not None, tool_calls=tool_calls)
+    engine.submit(engine_request, on_output)
+    return choice

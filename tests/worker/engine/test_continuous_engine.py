@@ -34,7 +34,7 @@ PROMPTS = [
     "Once",
     "héllo 日本 🙂 one two three four five",
     "a small model that liked to count",
-    "lazy dog. The",
+    "lazy dogs. The",  # each prompt tokenizes to its own length, so rows of one batch differ
     "Once upon a time there was a small model",
 ]
 

@@ -13,7 +13,10 @@ from worker.engine.speculation.speculator import Allowance
 def can_speculate(sequence: EngineSequence, request: Request, is_worker_monitored: bool) -> bool:
     """Rows whose verified tokens are what plain decoding would produce (greedy) or are distributed as it would
     draw them (unseeded sampling), and that change no steered or monitored activations: while the worker-wide
-    monitor runs, every row is monitored, and rejected proposals must not enter its statistics."""
+    monitor runs, every row is monitored, and rejected proposals must not enter its statistics. A row constrained
+    by a grammar never speculates: proposals are not checked against its matcher, which only moves forward."""
+    if sequence.grammar is not None:
+        return False
     sampling = sequence.request.sampling
     # A seeded row's draws must not depend on the batch, which decides whether it speculates.
     is_sampled_safely = sampling.is_greedy or sampling.seed is None

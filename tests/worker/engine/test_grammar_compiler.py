@@ -1,0 +1,74 @@
+"""Grammar compiles: off the calling thread, once per spec (a hit runs no compile), errors naming the request's
+field, and a time limit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import xgrammar as xgr
+
+from tasks.grammar_messages import GrammarKind, GrammarSpec, ToolCallGrammar, ToolFunction
+from worker.engine.grammar.compiler import GrammarCompiler, GrammarError
+
+EOT_ID = 4  # models/tiny: <|eot_id|>
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+def compiler(model_dir: Path, timeout_s: float = 10.0) -> GrammarCompiler:
+    return GrammarCompiler(str(model_dir), 2048, frozenset({EOT_ID}), timeout_s, cache_size=4)
+
+
+def accepts(compiled: xgr.CompiledGrammar, text: str) -> bool:
+    matcher = xgr.GrammarMatcher(compiled)
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+def test_each_kind_compiles_to_what_it_describes(tiny_model_dir: Path) -> None:
+    grammars = compiler(tiny_model_dir)
+    schema = grammars.compile(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA), "p"))
+    assert accepts(schema, '{"name": "Anna"}') and not accepts(schema, '{"age": 3}')
+    any_object = grammars.compile(GrammarSpec(GrammarKind.JSON_OBJECT, "", "p"))
+    assert accepts(any_object, '{"a": [1, {"b": null}]}') and not accepts(any_object, "[1]")
+    regex = grammars.compile(GrammarSpec(GrammarKind.REGEX, r"[a-z]+@[a-z]+\.com", "p"))
+    assert accepts(regex, "anna@mail.com") and not accepts(regex, "anna")
+    choice = grammars.compile(GrammarSpec(GrammarKind.CHOICE, json.dumps(["yes", 'say "no"']), "p"))
+    assert accepts(choice, 'say "no"') and not accepts(choice, "maybe")
+    ebnf = grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, 'root ::= "a" "b"*', "p"))
+    assert accepts(ebnf, "abbb") and not accepts(ebnf, "ba")
+
+
+def test_tool_calls_follow_the_parser_format_and_the_argument_schema(tiny_model_dir: Path) -> None:
+    weather = ToolFunction("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    grammars = compiler(tiny_model_dir)
+    one = grammars.compile(ToolCallGrammar("hermes", (weather,), is_parallel=False).to_spec("tool_choice"))
+    assert accepts(one, call) and not accepts(one, call + "\n" + call) and not accepts(one, "It is sunny.")
+    many = grammars.compile(ToolCallGrammar("hermes", (weather,), is_parallel=True).to_spec("tool_choice"))
+    assert accepts(many, call + "\n" + call)
+    llama = grammars.compile(ToolCallGrammar("llama3_json", (weather,), is_parallel=False).to_spec("tool_choice"))
+    assert accepts(llama, '{"name": "get_weather", "parameters": {"city": "Paris"}}')
+
+
+def test_a_spec_compiles_once_and_a_failure_is_remembered(tiny_model_dir: Path) -> None:
+    grammars = compiler(tiny_model_dir)
+    spec = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA), "response_format.json_schema.schema")
+    first = grammars.compile(spec)
+    assert grammars.compile(GrammarSpec(spec.kind, spec.value, "guided_json")) is first
+    bad = GrammarSpec(GrammarKind.REGEX, "[a-", "guided_regex")
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="guided_regex does not compile: Regex parsing error") as error:
+            grammars.compile(bad)
+        assert error.value.param == "guided_regex"
+    assert grammars.num_compiles == 2
+
+
+def test_a_compile_past_the_time_limit_is_the_request_error(tiny_model_dir: Path) -> None:
+    properties = {f"p{i}": {"type": "string", "pattern": "[a-z]{3,9}@[a-z]{2,8}\\.(com|org)"} for i in range(200)}
+    slow = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps({"type": "object", "properties": properties}), "guided_json")
+    grammars = compiler(tiny_model_dir, timeout_s=0.001)
+    with pytest.raises(GrammarError, match=r"did not compile within 0\.001s") as error:
+        grammars.compile(slow)
+    assert error.value.param == "guided_json"
+    grammars.close()

@@ -1,0 +1,57 @@
+"""A GrammarSpec as xgrammar compiles it: JSON schemas without free whitespace (a small model left free to write
+whitespace may write nothing else), choices as an EBNF of literals, tool calls as a structural tag in the
+parser's format."""
+
+from __future__ import annotations
+
+import json
+
+import xgrammar as xgr
+from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
+
+from tasks.grammar_messages import GrammarKind, GrammarSpec, ToolCallGrammar
+from tasks.tool_calls import HERMES, LLAMA3_JSON
+
+ANY_OBJECT = '{"type": "object"}'
+# parser: (a call's text up to its name, from its name to its arguments, after its arguments, between calls)
+CALL_FORMATS = {
+    HERMES: ('<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n"),
+    LLAMA3_JSON: ('{"name": "', '", "parameters": ', "}", "; "),
+}
+
+
+def compile_spec(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGrammar:
+    """Raises whatever xgrammar raises for a grammar it cannot compile (RuntimeError, ValueError)."""
+    if spec.kind == GrammarKind.JSON_SCHEMA:
+        return compiler.compile_json_schema(spec.value, any_whitespace=False)
+    if spec.kind == GrammarKind.JSON_OBJECT:  # any object: properties the schema does not name are allowed
+        return compiler.compile_json_schema(ANY_OBJECT, any_whitespace=False, strict_mode=False)
+    if spec.kind == GrammarKind.REGEX:
+        return compiler.compile_regex(spec.value)
+    if spec.kind == GrammarKind.CHOICE:
+        return compiler.compile_grammar(choice_ebnf(json.loads(spec.value)))
+    if spec.kind == GrammarKind.GRAMMAR:
+        return compiler.compile_grammar(spec.value)
+    return compiler.compile_structural_tag(tool_calls_tag(ToolCallGrammar.from_spec(spec)))
+
+
+def choice_ebnf(choices: list[str]) -> str:
+    """Exactly one of `choices`; JSON string escapes are EBNF's."""
+    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
+
+
+def tool_calls_tag(calls: ToolCallGrammar) -> StructuralTag:
+    """One call (or, parallel, one or more) to the offered functions, each with arguments valid for its schema."""
+    name_prefix, arguments_prefix, suffix, separator = CALL_FORMATS[calls.parser]
+    tags = [
+        TagFormat(
+            begin=name_prefix + function.name + arguments_prefix,
+            content=JSONSchemaFormat(json_schema=function.parameters, max_whitespace_cnt=1),
+            end=suffix,
+        )
+        for function in calls.functions
+    ]
+    calls_format = TagsWithSeparatorFormat(
+        tags=tags, separator=separator, at_least_one=True, stop_after_first=not calls.is_parallel
+    )
+    return StructuralTag(format=calls_format)
