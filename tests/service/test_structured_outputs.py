@@ -13,6 +13,7 @@ import requests
 from scripts.stack import Stack
 from tests.api.test_structured_validation import HISTORY, LANGCHAIN_STRUCTURED, LANGCHAIN_TOOLS
 from tests.service.batch_helpers import chat_line, client_for, read_jsonl, submit, wait_for_end
+from tests.service.http import auth
 
 NAME = {"type": "string", "maxLength": 12}
 LIKES = {"enum": ["cake", "pie", "soup"]}
@@ -116,7 +117,8 @@ def test_a_streamed_reply_assembles_to_the_non_streamed_one(stack: Stack) -> Non
     whole = client.chat.completions.create(**body)
     with client.chat.completions.stream(**body) as stream:
         streamed = stream.get_final_completion()
-    stored = requests.get(f"{stack.base_url}/v1/requests/{streamed.id}", timeout=10).json()["response"]
+    stored = requests.get(f"{stack.base_url}/v1/requests/{streamed.id}", headers=auth(stack), timeout=10).json()
+    stored = stored["response"]
     for index, (whole_choice, streamed_choice) in enumerate(zip(whole.choices, streamed.choices, strict=True)):
         assert_calls_validate(streamed_choice.message)
         assert calls(streamed_choice.message.tool_calls) == calls(whole_choice.message.tool_calls)
@@ -151,7 +153,7 @@ def test_auto_mode_parses_the_models_own_call_and_answers_plainly_otherwise(stac
 @pytest.mark.parametrize("body", [LANGCHAIN_STRUCTURED, LANGCHAIN_TOOLS, {"messages": HISTORY, "tools": TOOLS}])
 def test_langchain_shaped_requests(stack: Stack, body: dict) -> None:
     sent = {"model": stack.config.model_name, "max_tokens": 80, "temperature": 0, **body}
-    response = requests.post(f"{stack.base_url}/v1/chat/completions", json=sent, timeout=120)
+    response = requests.post(f"{stack.base_url}/v1/chat/completions", json=sent, headers=auth(stack), timeout=120)
     assert response.status_code == 200, response.text
     message = response.json()["choices"][0]["message"]
     if "response_format" in body:
