@@ -20,7 +20,6 @@ from worker.engine.model_runner import ModelRunner
 
 PREFIX = list(range(40, 70))  # two prompts share it: the second finds its full blocks in the prefix cache
 PASSAGE = [17, 900, 33, 1500, 250, 61, 1203, 77, 412, 5, 880, 1999]
-# a passage and the start of its copy: prompt lookup proposes the rest, verified in multi-token chunks
 PROMPTS = [[*PREFIX, 7, 8, 9], [*PREFIX, 11, 12], PASSAGE + PASSAGE[:4], [300]]
 MAX_TOKENS = 10
 
@@ -43,7 +42,10 @@ def triton_engine(
 
 
 def greedy_outputs(engine: ContinuousEngine, prompts: list[list[int]]) -> list[list[int]]:
-    requests = [EngineRequest(f"req-{i}", prompt, greedy(MAX_TOKENS)) for i, prompt in enumerate(prompts)]
+    # self-drafting proposes tokens at every step whatever the model writes, so verify chunks (k + 1 tokens at a
+    # position off the block boundaries) go through the kernels; greedy output stays exactly the model's own
+    sampling = dataclasses.replace(greedy(MAX_TOKENS), speculative_method="self")
+    requests = [EngineRequest(f"req-{i}", prompt, sampling) for i, prompt in enumerate(prompts)]
     return [collector.token_ids for collector in submit_together(engine, requests)]
 
 
