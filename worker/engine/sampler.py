@@ -46,9 +46,9 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], argmax: Argmax = torch
     sampled_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
     if sampled_rows:
         index = to_device(sampled_rows, torch.int64, logits.device)
-        probs = sampling_probs(logits[index], [rows[i].params for i in sampled_rows])  # [S', V]
+        probs = sampling_probs(logits.index_select(0, index), [rows[i].params for i in sampled_rows])  # [S', V]
         draws = draw(probs, [rows[i].generator for i in sampled_rows])
-        tokens[index] = draws
+        tokens.index_copy_(0, index, draws)
     return SampledTokens(*read_back(tokens, raw_logits, rows))  # the step's one wait for the device
 
 
@@ -63,10 +63,10 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         params = rows[i].params
         row = logits[i]  # [V]
         output_ids = to_device(rows[i].output_token_ids, torch.long, logits.device)
-        counts = torch.bincount(output_ids, minlength=vocab_size)[:vocab_size].to(logits.dtype)  # [V]
+        # [V]; index_add_ rather than bincount, which on CUDA reads its input's max back to the host
+        counts = logits.new_zeros(vocab_size).index_add_(0, output_ids, logits.new_ones(output_ids.shape))
         if params.repetition_penalty != 1.0:
-            seen = counts > 0
-            seen[to_device(rows[i].prompt_token_ids, torch.long, logits.device)] = True
+            seen = (counts > 0).index_fill_(0, to_device(rows[i].prompt_token_ids, torch.long, logits.device), True)
             penalty = params.repetition_penalty
             row.copy_(torch.where(seen, torch.where(row > 0, row / penalty, row * penalty), row))
         row.sub_(params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype))
