@@ -149,6 +149,11 @@ class ModelRunner:
         )
 
     @property
+    def graph_mode(self) -> GraphMode | None:
+        """How decode steps run through DecodeGraphs; None: every step eager."""
+        return None if self._graphs is None else self._graphs.mode
+
+    @property
     def is_flash(self) -> bool:
         return self.attention_backend is AttentionBackend.FLASH_ATTN
 

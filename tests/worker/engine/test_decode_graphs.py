@@ -56,8 +56,8 @@ def setup(request: pytest.FixtureRequest, tiny_config: Config) -> tuple[Config, 
 def runners(setup: tuple[Config, Config]) -> tuple[ModelRunner, ModelRunner]:
     graph_runner, eager_runner = (load_runner(config, stops_at_eos=False) for config in setup)
     expected = GraphMode.CAPTURE if setup[0].device == "cuda" else GraphMode.EAGER_REPLAY
-    assert graph_runner._graphs is not None and graph_runner._graphs.mode is expected
-    assert eager_runner._graphs is None
+    assert graph_runner.graph_mode is expected
+    assert eager_runner.graph_mode is None
     return graph_runner, eager_runner
 
 
