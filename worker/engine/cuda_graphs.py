@@ -142,6 +142,8 @@ class DecodeGraphs:
             run()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a capture after start-up (new hook points) must not trip over other threads' CUDA work, such
+        # as a request's steering vector being built on a Celery thread
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits = run()
         return CapturedStep(graph, logits)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
@@ -18,11 +18,13 @@ from tasks.config import Config
 from tasks.steering_messages import MonitorSpec, SteeringFeature, SteeringSpec
 from tests.steering.sae_folders import TINY_SAE_ID
 from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_together
+from tests.worker.greedy_cases import chat_prompts, clear_cases
 from worker.engine.continuous_engine import ContinuousEngine, scheduler_config
 from worker.engine.cuda_graphs import DecodeGraphs
 from worker.engine.graph_mode import GraphMode
 from worker.engine.interface import EngineRequest
 from worker.engine.model_runner import ModelRunner
+from worker.steering.request_sae import RequestSAE, resolve_request_sae
 
 pytestmark = pytest.mark.usefixtures("tiny_sae_root")
 ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -105,43 +107,66 @@ def test_every_decode_step_through_its_bucket_gives_the_eager_steps_logits(
 
 
 def test_greedy_decoding_in_graphs_equals_eager_and_hf_generate(
-    engines: tuple[ContinuousEngine, ContinuousEngine], setup: tuple[Config, Config], graph_steps: list[int]
+    engines: tuple[ContinuousEngine, ContinuousEngine],
+    setup: tuple[Config, Config],
+    tokenizer: PreTrainedTokenizerBase,
+    graph_steps: list[int],
 ) -> None:
-    requests = [EngineRequest(f"req-{i}", prompt, greedy(MAX_TOKENS)) for i, prompt in enumerate(PROMPTS)]
-    graph_tokens, eager_tokens = (
-        [collector.token_ids for collector in submit_together(engine, requests)] for engine in engines
-    )
-    assert graph_tokens == eager_tokens
-    assert len(graph_steps) >= MAX_TOKENS - 1
+    """On cases that no rounding can flip (tests/worker/greedy_cases.py): graph and eager engines and float32 HF
+    agree token for token, in either dtype."""
     config = setup[0]
-    if config.dtype == "float32":  # bfloat16's own rounding may flip a near tie against float32 HF
-        reference = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32).to(config.device).eval()
-        assert graph_tokens == [hf_greedy(reference, frozenset(), prompt, MAX_TOKENS) for prompt in PROMPTS]
+    float32_model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32).to(config.device).eval()
+    cases = clear_cases(float32_model, chat_prompts(tokenizer))[:4]
+    expected = [hf_greedy(float32_model, frozenset(), prompt, length) for prompt, length in cases]
+    requests = [EngineRequest(f"req-{i}", prompt, greedy(length)) for i, (prompt, length) in enumerate(cases)]
+    for engine in engines:
+        assert [collector.token_ids for collector in submit_together(engine, requests)] == expected
+    assert max(graph_steps) == len(cases)  # every case decoding at once, in a graph
+
+
+def steered_rows(runner: ModelRunner, config: Config, steering_demo: dict) -> dict[str, RequestSAE | None]:
+    """Per request: none, one steered feature, another with a monitor too (resolved for this runner: monitors keep
+    their own read positions)."""
+    features = steering_demo["features"]
+    steer = [SteeringSpec(TINY_SAE_ID, (SteeringFeature(f["index"], f["strength"]),)) for f in features[:2]]
+    requests = [
+        EngineRequest("r1", PROMPTS[1], greedy(MAX_TOKENS), steering=steer[0]),
+        EngineRequest(
+            "r2", PROMPTS[2], greedy(MAX_TOKENS), steering=steer[1], monitor=MonitorSpec(TINY_SAE_ID, top_k=3)
+        ),
+    ]
+    return {"r0": None, **{r.request_id: resolve_request_sae(r, runner.saes, config) for r in requests}}
 
 
 def test_steering_and_monitors_inside_graphs_equal_eager_steering(
-    engines: tuple[ContinuousEngine, ContinuousEngine],
+    runners: tuple[ModelRunner, ModelRunner],
     setup: tuple[Config, Config],
     steering_demo: dict,
     graph_steps: list[int],
 ) -> None:
-    features = steering_demo["features"]
-    steer = [SteeringSpec(TINY_SAE_ID, (SteeringFeature(f["index"], f["strength"]),)) for f in features[:2]]
-    monitor = MonitorSpec(TINY_SAE_ID, top_k=3)
-    requests = [  # one row plain, two steered differently, one monitored while steered: one graph step for all
-        EngineRequest("plain", PROMPTS[0], greedy(MAX_TOKENS)),
-        EngineRequest("steered-0", PROMPTS[1], greedy(MAX_TOKENS), steering=steer[0]),
-        EngineRequest("steered-1", PROMPTS[2], greedy(MAX_TOKENS), steering=steer[1], monitor=monitor),
-    ]
-    graph, eager = (submit_together(engine, requests) for engine in engines)
-
-    assert [c.token_ids for c in graph] == [c.token_ids for c in eager]
-    assert graph[1].token_ids[0] == features[0]["token_id"]  # the steering took
-    assert graph[2].token_ids[0] == features[1]["token_id"]
-    graph_read, eager_read = ([p for out in c.outputs for p in out.monitor] for c in (graph[2], eager[2]))
-    assert [p.position for p in graph_read] == [p.position for p in eager_read]
-    assert len(graph_read) == len(PROMPTS[2]) + MAX_TOKENS - 1
-    graph_values = torch.tensor([[value for _, value in p.features] for p in graph_read])
-    eager_values = torch.tensor([[value for _, value in p.features] for p in eager_read])
-    torch.testing.assert_close(graph_values, eager_values, **TOLERANCES[setup[0].dtype])
-    assert max(graph_steps) == 3  # the steered and monitored rows decoded in the graphs
+    """Both runners step the same steered and monitored rows; every step's logits and monitor reads agree."""
+    rows = [steered_rows(runner, config, steering_demo) for runner, config in zip(runners, setup, strict=True)]
+    schedulers = [Scheduler(scheduler_config(config, runner)) for runner, config in zip(runners, setup, strict=True)]
+    for scheduler in schedulers:
+        for i, prompt in enumerate(PROMPTS):
+            scheduler.add(Request(f"r{i}", prompt, max_tokens=MAX_TOKENS))
+    num_reads = 0
+    while schedulers[1].has_work:
+        batches = [scheduler.schedule() for scheduler in schedulers]
+        graph, eager = (
+            runner.run(batch, [by_id[chunk.request.request_id] for chunk in batch.chunks], None)
+            for runner, batch, by_id in zip(runners, batches, rows, strict=True)
+        )
+        torch.testing.assert_close(graph.logits, eager.logits, **TOLERANCES[setup[0].dtype])
+        is_monitored = any(chunk.request.request_id == "r2" for chunk in batches[1].chunks)
+        assert graph.monitored.keys() == eager.monitored.keys() == ({"r2"} if is_monitored else set())
+        graph_read, eager_read = graph.monitored.get("r2", []), eager.monitored.get("r2", [])
+        assert [p.position for p in graph_read] == [p.position for p in eager_read]
+        values = [[[value for _, value in p.features] for p in read] for read in (graph_read, eager_read)]
+        torch.testing.assert_close(*(torch.tensor(v) for v in values), **TOLERANCES[setup[0].dtype])
+        num_reads += len(graph_read)
+        tokens = [[token] for token in eager.logits.argmax(-1).tolist()]
+        for scheduler, batch in zip(schedulers, batches, strict=True):
+            scheduler.update_from_output(batch, tokens)
+    assert num_reads == len(PROMPTS[2]) + MAX_TOKENS - 1
+    assert graph_steps.count(3) >= MAX_TOKENS - 1  # the steered and monitored rows decoded in the graphs
