@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup model draft-model sae demo serve test lint
+.PHONY: setup model draft-model sae demo serve test lint gpu-check
 
 setup: $(INSTALLED) model sae
 
@@ -42,3 +42,10 @@ test: setup
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# On a CUDA machine, with what is installed there (no .venv, no network): the gpu tests and bench/gpu.py, whose report
+# goes to GPU_REPORT. GPU_PYTHON is the interpreter holding the CUDA build of torch.
+GPU_PYTHON ?= python3
+GPU_REPORT ?= gpu-check.md
+gpu-check:
+	PYTHON=$(GPU_PYTHON) scripts/gpu_check.sh $(GPU_REPORT)

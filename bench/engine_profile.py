@@ -3,6 +3,7 @@ stepped on this thread, timed per phase (schedule, forward, sample + update + em
 table of the operators of a stretch of decode steps.
 
     .venv/bin/python -m bench.engine_profile --model models/tiny [--threads 1] [--steps 20] [--compile]
+        [--random-config 135m]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.random_model import SIZES, random_model_dir
 from bench.workload import WorkloadSpec, make_workload
 from tasks.config import Config
 from tasks.logs import configure_logging
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="models/tiny")
+    parser.add_argument("--random-config", choices=sorted(SIZES), help="a random-init model of this size instead")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--steps", type=int, default=20, help="decode steps under the profiler")
     parser.add_argument("--compile", action="store_true", help="TORCH_COMPILE: the forward under torch.compile")
@@ -83,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(Config())
     torch.set_num_threads(args.threads)
+    model = args.model if args.random_config is None else str(random_model_dir(args.random_config, torch.float32))
     config = Config(
-        model=args.model,
+        model=model,
         device="cpu",
         dtype="float32",
         max_num_seqs=32,

@@ -16,12 +16,17 @@ import logging
 import math
 import time
 
-from transformers import ContinuousBatchingConfig, GenerationConfig, PreTrainedModel
-from transformers.generation.continuous_batching import ContinuousBatchingManager
-from transformers.generation.continuous_batching.utils import WorkloadHints
+from transformers import GenerationConfig, PreTrainedModel
 
 from bench.metrics import RequestTrace, RunResult
 from bench.workload import BenchRequest, Feeder
+
+try:  # the manager's configuration as transformers 5.24 names it; a GPU machine may hold an older 5.x
+    from transformers import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import ContinuousBatchingManager
+    from transformers.generation.continuous_batching.utils import WorkloadHints
+except ImportError:
+    ContinuousBatchingConfig = None
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +36,7 @@ RESULT_POLL_S = 1.0
 
 
 def has_continuous_batching(model: PreTrainedModel) -> bool:
-    return hasattr(model, "init_continuous_batching")
+    return ContinuousBatchingConfig is not None and hasattr(model, "init_continuous_batching")
 
 
 def size_config(requests: list[BenchRequest], max_batch_tokens: int, max_requests: int) -> ContinuousBatchingConfig:

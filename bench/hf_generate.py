@@ -1,4 +1,5 @@
-"""Baselines (i) and (ii): HF `model.generate`, one request at a time and as static padded batches.
+"""Baselines (i) and (ii): HF `model.generate`, one request at a time and as static padded batches; and (ii) with
+HF's static KV cache, which `generate` compiles with torch.compile (mode reduce-overhead: CUDA graphs) on a GPU.
 
 Greedy with EOS disabled (`eos_token_id=None`), which is the engine's `ignore_eos`: the model may emit EOS and goes
 on. (`min_new_tokens` would not do: it masks EOS logits, which changes the greedy tokens.) Token times come from a
@@ -43,9 +44,10 @@ def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor,
 
 
 def generate_batch_traces(
-    model: PreTrainedModel, requests: list[BenchRequest], start: float, pad_token_id: int
+    model: PreTrainedModel, requests: list[BenchRequest], start: float, pad_token_id: int, **options: object
 ) -> tuple[list[RequestTrace], int]:
-    """Runs the requests as one padded `generate` of the longest output; each row keeps only its own tokens.
+    """Runs the requests as one padded `generate` of the longest output (with `options` for `generate`); each row
+    keeps only its own tokens.
 
     Returns the traces and the number of tokens generated, rows past their own length included.
     """
@@ -61,6 +63,7 @@ def generate_batch_traces(
             eos_token_id=None,
             pad_token_id=pad_token_id,
             streamer=timer,
+            **options,
         )
     new_tokens = output[:, input_ids.shape[1] :].tolist()  # [B, num_steps]
     traces = [
@@ -128,6 +131,30 @@ class StaticBatchGenerate:
             batch_traces, num_tokens = generate_batch_traces(self._model, batch, start, self._pad_token_id)
             traces.extend(batch_traces)
             num_generated += num_tokens
+        return RunResult(self.key, self.label, workload, start, traces, num_generated)
+
+    def close(self) -> None:
+        pass
+
+
+class StaticCacheGenerate:
+    """(ii) with HF's static cache: every request of a workload as one padded `generate`, which on a GPU compiles
+    the decoding step (torch.compile, reduce-overhead). The first run of each batch shape compiles, so every workload
+    runs twice and the second is measured."""
+
+    key = STATIC_KEY
+
+    def __init__(self, model: PreTrainedModel, pad_token_id: int) -> None:
+        self._model = model
+        self._pad_token_id = pad_token_id
+        compiled = " + torch.compile" if model.device.type == "cuda" else ""  # HF compiles on accelerators only
+        self.label = f"(ii) HF generate, static cache{compiled}, batched"
+
+    def run(self, workload: str, requests: list[BenchRequest]) -> RunResult:
+        options = {"cache_implementation": "static"}
+        generate_batch_traces(self._model, requests, time.perf_counter(), self._pad_token_id, **options)
+        start = time.perf_counter()
+        traces, num_generated = generate_batch_traces(self._model, requests, start, self._pad_token_id, **options)
         return RunResult(self.key, self.label, workload, start, traces, num_generated)
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from bench.workload import BenchRequest, Feeder
 from tasks.config import Config
 from tasks.messages import SamplingParams
 from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.graph_mode import GraphMode
 from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner
 from worker.engine.stats import EngineStats
@@ -28,7 +29,17 @@ POLL_S = 1.0
 def build_engine(runner: ModelRunner, config: Config) -> tuple[ContinuousEngine, str]:
     """The engine under test and its table label."""
     label = "(iv) steerbatch ContinuousEngine" + (", torch.compile" if config.torch_compile else "")
+    if runner.graph_mode is GraphMode.CAPTURE:
+        label += ", CUDA graphs"
+    elif runner.graph_mode is GraphMode.EAGER_REPLAY:
+        label += ", graph steps replayed eagerly"
     return ContinuousEngine(runner, config), label
+
+
+def engine_key(runner: ModelRunner, config: Config) -> str:
+    if config.torch_compile:
+        return "steerbatch_compiled"
+    return "steerbatch" if runner.graph_mode is None else "steerbatch_graphs"
 
 
 class _Collector:
@@ -62,7 +73,7 @@ def wait_for(collector: _Collector, request_id: str, feeder: Feeder) -> None:
 class SteerbatchEngine:
     def __init__(self, runner: ModelRunner, config: Config) -> None:
         self._engine, self.label = build_engine(runner, config)
-        self.key = "steerbatch_compiled" if config.torch_compile else "steerbatch"
+        self.key = engine_key(runner, config)
         self._engine.start()
 
     def run(self, workload: str, requests: list[BenchRequest]) -> RunResult:

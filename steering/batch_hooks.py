@@ -90,6 +90,9 @@ class BatchHooks:
         table = plan.steering.get(point)
         if table is not None:
             flat = table.apply(flat)
+        captured = plan.captures.get(point)
+        if captured is not None:
+            captured.copy_(flat)
         if plan.monitors.get(point):
             self._results.update(read_monitors(plan.monitors[point], flat))
         for tap in plan.stats.get(point, ()):

@@ -77,6 +77,9 @@ class StepPlan:
     steering: Mapping[HookPoint, SteeringTable] = field(default_factory=dict)
     monitors: Mapping[HookPoint, Sequence[MonitorTap]] = field(default_factory=dict)
     stats: Mapping[HookPoint, Sequence[StatsTap]] = field(default_factory=dict)
+    # The residual at the point (after its steering) copied into this [N, hidden] buffer: a CUDA graph records the
+    # copy, and the monitors read the buffer after each replay (worker/engine/graph_hooks.py).
+    captures: Mapping[HookPoint, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         keys = [tap.key for taps in self.monitors.values() for tap in taps]
@@ -85,7 +88,7 @@ class StepPlan:
 
     @cached_property  # every hook asks on every forward pass
     def hook_points(self) -> frozenset[HookPoint]:
-        return frozenset(self.steering) | frozenset(self.monitors) | frozenset(self.stats)
+        return frozenset(self.steering) | frozenset(self.monitors) | frozenset(self.stats) | frozenset(self.captures)
 
 
 def build_steering_table(

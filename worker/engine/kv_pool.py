@@ -54,16 +54,21 @@ class KVPool:
         device: torch.device,
         is_heads_major: bool = True,
         decode_kernel: CpuDecodeKernel | None = None,
+        has_scratch_block: bool = False,
     ) -> None:
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks  # the blocks requests may hold
+        # One more block past them that no request ever holds: the padding rows of a CUDA graph's decode step write
+        # their K/V there and attend only to it (worker/engine/decode_buffers.py).
+        self.scratch_block = num_blocks if has_scratch_block else None
+        self._num_allocated_blocks = num_blocks + int(has_scratch_block)
         self.block_size = block_size
         self.is_heads_major = is_heads_major
         self.num_kv_heads = shape.num_kv_heads
         self.head_dim = shape.head_dim
         self.dtype = dtype
         self.decode_kernel = decode_kernel if is_heads_major else None  # reads decode rows' blocks in place
-        heads, dim = shape.num_kv_heads, shape.head_dim
-        per_layer = (heads, num_blocks, block_size, dim) if is_heads_major else (num_blocks, block_size, heads, dim)
+        heads, dim, blocks = shape.num_kv_heads, shape.head_dim, self._num_allocated_blocks
+        per_layer = (heads, blocks, block_size, dim) if is_heads_major else (blocks, block_size, heads, dim)
         self.cache = torch.zeros(shape.num_layers, 2, *per_layer, dtype=dtype, device=device)
         self.layers = [self._layer_view(layer_idx) for layer_idx in range(shape.num_layers)]  # made once
 
@@ -79,7 +84,7 @@ class KVPool:
     def _layer_view(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.cache[layer_idx, 0], self.cache[layer_idx, 1]
         if self.keys_transposed:
-            keys = keys.view(self.num_kv_heads, self.num_blocks, self.head_dim, self.block_size)
+            keys = keys.view(self.num_kv_heads, self._num_allocated_blocks, self.head_dim, self.block_size)
         return keys, values
 
     def write(self, layer_idx: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:

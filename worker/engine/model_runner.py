@@ -6,17 +6,20 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from scheduler.batch import Batch
+from scheduler.batch import Batch, ScheduledChunk
 from steering.batch_hooks import BatchHooks
+from steering.hook_points import hidden_size
 from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
 from worker.engine.attention_backend import AttentionBackend, resolve_attention_backend
 from worker.engine.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
 from worker.engine.cpu_weight_layout import store_linear_weights_column_major
+from worker.engine.graph_mode import GraphMode, resolve_graph_mode
 from worker.engine.kv_pool import KVPool, KVShape, num_pool_tokens
 from worker.engine.paged_attention import FLASH_BACKEND, SDPA_BACKEND, register_paged_attention
 from worker.engine.paged_step import PagedStep, build_paged_step
@@ -27,6 +30,9 @@ from worker.steering.request_sae import RequestSAE
 from worker.steering.sae_attachments import SAEAttachments
 from worker.steering.steering_plan import build_step_plan, read_monitored
 from worker.steering.worker_monitor import WorkerMonitor
+
+if TYPE_CHECKING:
+    from worker.engine.cuda_graphs import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +98,7 @@ class ModelRunner:
             torch.set_num_threads(config.cpu_threads)
         register_paged_attention()
         self.attention_backend, cpu_kernel = load_attention_backend(config, self.device, self.dtype)
+        graph_mode = resolve_graph_mode(config.cuda_graphs, self.device, self.attention_backend)
         # one registered function serves sdpa, cpu_kernel and triton: it goes by the metadata each step carries
         hf_attention = FLASH_BACKEND if self.is_flash else SDPA_BACKEND
         started = time.perf_counter()
@@ -115,7 +122,7 @@ class ModelRunner:
             for model in (self.model, self.draft_model):
                 if model is not None:
                     store_linear_weights_column_major(model)
-        self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config, cpu_kernel)
+        self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config, cpu_kernel, graph_mode is not None)
         kernel = self.kv_pool.decode_kernel
         self.argmax: Argmax = kernel.argmax if kernel is not None else torch_argmax  # of the logits run() returns
         self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
@@ -128,6 +135,7 @@ class ModelRunner:
             self._is_compiled_warm = True
         elif config.torch_compile:
             logger.warning("TORCH_COMPILE is for CPU workers; this %s worker runs eager", self.device.type)
+        self._graphs = None if graph_mode is None else self._load_decode_graphs(config.max_num_seqs, graph_mode)
         logger.info(
             "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s",
             config.model,
@@ -141,12 +149,20 @@ class ModelRunner:
         )
 
     @property
+    def graph_mode(self) -> GraphMode | None:
+        """How decode steps run through DecodeGraphs; None: every step eager."""
+        return None if self._graphs is None else self._graphs.mode
+
+    @property
     def is_flash(self) -> bool:
         return self.attention_backend is AttentionBackend.FLASH_ATTN
 
-    def _allocate_kv_pools(self, config: Config, kernel: CpuDecodeKernel | None) -> tuple[KVPool, KVPool | None]:
-        """The target's pool and, with a draft model, the draft's: the same blocks (a request's block table
-        addresses both), sized together so that both fit."""
+    def _allocate_kv_pools(
+        self, config: Config, kernel: CpuDecodeKernel | None, has_scratch_block: bool
+    ) -> tuple[KVPool, KVPool | None]:
+        """The target's pool (with a scratch block for decode graphs' padding rows when asked) and, with a draft
+        model, the draft's: the same blocks (a request's block table addresses both), sized together so that both
+        fit."""
         block_size = config.kv_block_size or (FLASH_BLOCK_SIZE if self.is_flash else SDPA_BLOCK_SIZE)
         if self.is_flash and block_size % FLASH_BLOCK_SIZE:
             raise ValueError(f"flash-attn's paged kernels need KV_BLOCK_SIZE to be a multiple of {FLASH_BLOCK_SIZE}")
@@ -156,9 +172,10 @@ class ModelRunner:
         num_blocks = num_tokens // block_size
         if num_blocks < 1:
             raise ValueError(f"the KV pool holds {num_tokens} tokens, less than one block of {block_size}")
+        is_heads_major = not self.is_flash
         pools = [
-            KVPool(shape, num_blocks, block_size, self.dtype, self.device, not self.is_flash, kernel)
-            for shape in shapes
+            KVPool(shape, num_blocks, block_size, self.dtype, self.device, is_heads_major, kernel, is_scratched)
+            for shape, is_scratched in zip(shapes, (has_scratch_block, False), strict=False)  # the target's only
         ]
         logger.info(
             "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB, the draft's included)",
@@ -169,6 +186,30 @@ class ModelRunner:
         )
         return pools[0], pools[1] if len(pools) > 1 else None
 
+    def _load_decode_graphs(self, max_num_seqs: int, mode: GraphMode) -> DecodeGraphs:
+        """Decode steps over static buffers for up to `max_num_seqs` rows, captured now (CAPTURE)."""
+        from worker.engine.cuda_graphs import DecodeGraphs  # imports triton: only on workers that run it
+        from worker.engine.decode_buffers import DecodeBuffers
+        from worker.engine.graph_hooks import GraphHookBuffers
+        from worker.engine.triton_step import num_sms
+        from worker.kernels.triton_decode import num_decode_splits
+
+        pool, max_len = self.kv_pool, self.max_model_len
+        buffers = DecodeBuffers(pool, max_num_seqs, -(-max_len // pool.block_size), self.device)
+        hook_buffers = GraphHookBuffers(hidden_size(self.model), max_num_seqs, self.dtype, self.device)
+        graphs = DecodeGraphs(
+            lambda step: paged_forward(self.model, step, pool),
+            self._hooks,
+            buffers,
+            hook_buffers,
+            # fixed per bucket, for the longest context: short rows leave some splits empty, which cost little
+            lambda bucket: num_decode_splits(bucket, pool.num_kv_heads, max_len, num_sms(self.device)),
+            mode,
+        )
+        with torch.inference_mode():
+            graphs.warm_up()
+        return graphs
+
     @torch.inference_mode()
     def run(
         self,
@@ -178,8 +219,10 @@ class ModelRunner:
     ) -> StepOutput:
         """One forward pass over every scheduled chunk, with each chunk's request's steering and monitor (`rows`,
         one per chunk; None: none steer or monitor) and the worker-wide monitor carried out by the SAE hooks."""
-        step = build_paged_step(batch, self.kv_pool, self.device, self.attention_backend)
         rows = [None] * len(batch.chunks) if rows is None else rows
+        if self._graphs is not None and self._graphs.fits(batch.chunks):
+            return self._run_graph(batch.chunks, rows, worker_monitor)
+        step = build_paged_step(batch, self.kv_pool, self.device, self.attention_backend)
         plan, slices = build_step_plan(batch.chunks, step.token_rows, rows, worker_monitor, self.dtype)
         if plan is not None:
             self._hooks.set_step(plan)
@@ -192,6 +235,16 @@ class ModelRunner:
             results = self._hooks.take_monitor_results()
         finally:
             self._hooks.clear()
+        return StepOutput(logits, read_monitored(results, slices))
+
+    def _run_graph(
+        self, chunks: list[ScheduledChunk], rows: Sequence[RequestSAE | None], worker_monitor: WorkerMonitor | None
+    ) -> StepOutput:
+        """A decode-only step through its bucket's graph; the hooks' plan is built as for an eager step, and the
+        graph carries it out through its static buffers."""
+        token_rows = self._graphs.buffers.row_index[: len(chunks)]  # [B]: decode row i is packed token i
+        plan, slices = build_step_plan(chunks, token_rows, rows, worker_monitor, self.dtype)
+        logits, results = self._graphs.run(chunks, plan)
         return StepOutput(logits, read_monitored(results, slices))
 
 

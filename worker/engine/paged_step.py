@@ -178,9 +178,9 @@ def _decode_rows(
     is_padding = torch.arange(width * block_size)[None, :] >= torch.tensor(context_lens)[:, None]  # [Bd, W * bs]
     bias = torch.zeros(is_padding.shape, dtype=kv_pool.dtype).masked_fill_(is_padding, float("-inf"))
     return DecodeRows(
-        token_index=torch.tensor([first_token[row] for row in rows], device=device),
-        block_ids=torch.tensor(block_ids, device=device),
-        score_bias=bias.repeat(kv_pool.num_kv_heads, 1)[:, None, :].to(device),  # KV head major, as the scores
+        token_index=int64_tensor([first_token[row] for row in rows], device),
+        block_ids=int64_tensor(block_ids, device),
+        score_bias=bias.repeat(kv_pool.num_kv_heads, 1)[:, None, :].to(device, non_blocking=True),  # KV head major
     )
 
 
@@ -223,7 +223,7 @@ def _prefill_chunks(chunks: list[ScheduledChunk], block_size: int, device: torch
                 PrefillChunk(
                     tokens=slice(token_start, token_start + chunk.num_tokens),
                     is_first=is_first,
-                    block_ids=torch.tensor(chunk.request.block_table[:num_blocks], device=device),
+                    block_ids=int64_tensor(chunk.request.block_table[:num_blocks], device),
                     end=chunk.end,
                     causal_mask=None if is_first else keys <= queries,
                 )
@@ -238,11 +238,11 @@ def _flash_metadata(chunks: list[ScheduledChunk], device: torch.device) -> Flash
         cu_q.append(cu_q[-1] + chunk.num_tokens)
         cu_k.append(cu_k[-1] + chunk.end)
     return FlashMetadata(
-        cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=device),
-        cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=device),
+        cu_seqlens_q=int64_tensor(cu_q, device).int(),
+        cu_seqlens_k=int64_tensor(cu_k, device).int(),
         max_seqlen_q=max(chunk.num_tokens for chunk in chunks),
         max_seqlen_k=max(chunk.end for chunk in chunks),
-        block_table=padded_block_tables(chunks).to(device=device, dtype=torch.int32),
+        block_table=padded_block_tables(chunks).to(device=device, dtype=torch.int32, non_blocking=True),
     )
 
 

@@ -17,6 +17,8 @@ import torch
 from tasks.messages import SamplingParams, TokenLogprob
 from worker.engine.grammar.masks import mask_logits
 from worker.engine.grammar.matcher import RowGrammar, fill_bitmasks
+from worker.engine.step_readback import read_back
+from worker.engine.transfers import to_device
 
 NEG_INF = float("-inf")
 Argmax = Callable[[torch.Tensor], torch.Tensor]  # [S, V] -> [S] int64, the first largest index of each row
@@ -57,12 +59,11 @@ def sample(
     tokens = argmax(logits)  # [S]
     sampled_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
     if sampled_rows:
-        index = torch.tensor(sampled_rows, device=logits.device)
-        probs = sampling_probs(logits[index], [rows[i].params for i in sampled_rows])  # [S', V]
+        index = to_device(sampled_rows, torch.int64, logits.device)
+        probs = sampling_probs(logits.index_select(0, index), [rows[i].params for i in sampled_rows])  # [S', V]
         draws = draw(probs, [rows[i].generator for i in sampled_rows])
-        tokens[index] = draws
-    token_ids = tokens.tolist()
-    return SampledTokens(token_ids, token_logprobs(raw_logits, token_ids, rows))
+        tokens.index_copy_(0, index, draws)
+    return SampledTokens(*read_back(tokens, raw_logits, rows))  # the step's one wait for the device
 
 
 def apply_grammars(
@@ -89,11 +90,11 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     for i in penalized:
         params = rows[i].params
         row = logits[i]  # [V]
-        output_ids = torch.tensor(rows[i].output_token_ids, dtype=torch.long, device=logits.device)
-        counts = torch.bincount(output_ids, minlength=vocab_size)[:vocab_size].to(logits.dtype)  # [V]
+        output_ids = to_device(rows[i].output_token_ids, torch.long, logits.device)
+        # [V]; index_add_ rather than bincount, which on CUDA reads its input's max back to the host
+        counts = logits.new_zeros(vocab_size).index_add_(0, output_ids, logits.new_ones(output_ids.shape))
         if params.repetition_penalty != 1.0:
-            seen = counts > 0
-            seen[torch.tensor(rows[i].prompt_token_ids, dtype=torch.long, device=logits.device)] = True
+            seen = (counts > 0).index_fill_(0, to_device(rows[i].prompt_token_ids, torch.long, logits.device), True)
             penalty = params.repetition_penalty
             row.copy_(torch.where(seen, torch.where(row > 0, row / penalty, row * penalty), row))
         row.sub_(params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype))
@@ -106,17 +107,17 @@ def suppress_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         return logits
     logits = logits.clone()
     for i, token_ids in suppressed:
-        logits[i, list(token_ids)] = float("-inf")
+        logits[i].index_fill_(0, to_device(token_ids, torch.long, logits.device), float("-inf"))
     return logits
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p filtering, as probabilities [S, V]; the top token always survives."""
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device)
-    top_k = torch.tensor([p.top_k or logits.shape[-1] for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
-    min_p = torch.tensor([p.min_p for p in params], device=device)
+    temperature = to_device([p.temperature for p in params], torch.float32, device)
+    top_k = to_device([p.top_k or logits.shape[-1] for p in params], torch.int64, device)
+    top_p = to_device([p.top_p for p in params], torch.float32, device)
+    min_p = to_device([p.min_p for p in params], torch.float32, device)
     sorted_logits, sorted_indices = (logits / temperature[:, None]).sort(dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
     ranks = torch.arange(logits.shape[-1], device=device)[None, :]
@@ -135,20 +136,3 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     for i, generator in enumerate(generators):
         noise[i].exponential_(generator=generator)
     return (probs / noise.clamp_(min=torch.finfo(probs.dtype).tiny)).argmax(dim=-1)
-
-
-def token_logprobs(logits: torch.Tensor, token_ids: list[int], rows: list[SamplingRow]) -> list[TokenLogprob | None]:
-    wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
-    result: list[TokenLogprob | None] = [None] * len(rows)
-    if not wanted:
-        return result
-    logprobs = logits[wanted].log_softmax(dim=-1)  # [W, V]
-    num_top = max(rows[i].params.logprobs or 0 for i in wanted)
-    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (logprobs[:, :0], logprobs[:, :0])
-    chosen = logprobs.gather(1, torch.tensor([[token_ids[i]] for i in wanted], device=logits.device))
-    for position, i in enumerate(wanted):
-        k = rows[i].params.logprobs or 0
-        pairs = zip(top_ids[position, :k].tolist(), top_values[position, :k].tolist(), strict=True)
-        top = tuple((token_id, value) for token_id, value in pairs if value != NEG_INF)  # a grammar's masked tokens
-        result[i] = TokenLogprob(token_ids[i], float(chosen[position, 0]), top)
-    return result

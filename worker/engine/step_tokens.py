@@ -18,6 +18,7 @@ from scheduler.request import Request
 from tasks.messages import TokenLogprob
 from worker.engine.sampler import Argmax, SamplingRow, sample, sampling_probs, torch_argmax
 from worker.engine.speculation.speculator import verify_greedy, verify_sampled
+from worker.engine.transfers import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def pick_all_tokens(
     if len(plain) == logits.shape[0]:  # no proposed tokens this step: the logits are the plain rows, in order
         plain_logits = logits
     else:
-        index = torch.tensor([first_rows[i] for i in plain], dtype=torch.long, device=logits.device)
+        index = to_device([first_rows[i] for i in plain], torch.long, logits.device)
         plain_logits = logits.index_select(0, index)
     sampled = sample(plain_logits, [sampling_row(chunks[i].request) for i in plain], argmax, bitmasks)
     token_ids: list[list[int]] = [[] for _ in chunks]

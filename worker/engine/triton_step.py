@@ -102,7 +102,7 @@ def _decode_rows(
         token_index=_int32(first_tokens, device),
         block_tables=_block_tables(chunks, kv_pool, device),
         context_lens=_int32([chunk.end for chunk in chunks], device),
-        num_splits=num_decode_splits(len(chunks), kv_pool.num_kv_heads, max_len, _num_sms(device)),
+        num_splits=num_decode_splits(len(chunks), kv_pool.num_kv_heads, max_len, num_sms(device)),
     )
 
 
@@ -131,7 +131,7 @@ def _block_tables(chunks: list[ScheduledChunk], kv_pool: KVPool, device: torch.d
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
     """The programs a launch runs at once: the GPU's multiprocessors; one under the CPU interpreter, which runs them
     one after another (so splitting a row would only add work there)."""
     if device.type != "cuda":

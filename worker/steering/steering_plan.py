@@ -15,6 +15,7 @@ from scheduler.batch import ScheduledChunk
 from steering.hook_points import HookPoint
 from steering.step_plan import MonitorResult, MonitorTap, SteeringTable, StepPlan, build_steering_table
 from tasks.steering_messages import MonitoredPosition
+from worker.engine.transfers import to_host
 from worker.steering.request_sae import RequestSAE
 from worker.steering.worker_monitor import WorkerMonitor
 
@@ -67,7 +68,8 @@ def monitor_taps(
         if positions:
             request_id = chunk.request.request_id
             packed = torch.tensor([offset + p - chunk.start for p in positions], dtype=torch.long)
-            tap = MonitorTap(request_id, monitor.sae, packed.to(device), monitor.spec.top_k, monitor.features)
+            packed = packed.to(device, non_blocking=True)
+            tap = MonitorTap(request_id, monitor.sae, packed, monitor.spec.top_k, monitor.features)
             taps.setdefault(monitor.point, []).append(tap)
             token_ids = chunk.request.token_ids(positions[0], positions[-1] + 1)
             slices.append(MonitorSlice(request_id, positions, token_ids))
@@ -76,11 +78,16 @@ def monitor_taps(
 
 
 def read_monitored(results: dict[str, MonitorResult], slices: list[MonitorSlice]) -> dict[str, list[MonitoredPosition]]:
-    """Each request's monitored positions, read back to the host (one copy per tap)."""
+    """Each request's monitored positions, every tap's read back to the host in one transfer."""
+    if not slices:
+        return {}
+    tensors = [
+        tensor for piece in slices for tensor in (results[piece.request_id].values, results[piece.request_id].indices)
+    ]
+    host = iter(to_host(*tensors))
     monitored = {}
     for piece in slices:
-        result = results[piece.request_id]
-        values, indices = result.values.tolist(), result.indices.tolist()  # [P, k] each
+        values, indices = next(host).tolist(), next(host).tolist()  # [P, k] each
         monitored[piece.request_id] = [
             MonitoredPosition(position, token_id, tuple(zip(row_indices, row_values, strict=True)))
             for position, token_id, row_values, row_indices in zip(

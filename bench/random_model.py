@@ -1,0 +1,96 @@
+"""Random-init Llama-architecture models of realistic sizes, built from a config and saved once, so that benchmarks
+measure arithmetic rather than the tiny model's per-operator overhead. Nothing is downloaded: prompts are random
+token ids, so no tokenizer is needed; the vocabulary and special token ids come from the tiny model's config when
+the preset asks for it.
+
+    from bench.random_model import random_model_dir
+    path = random_model_dir("135m", torch.float32)  # var/random-models/135m-float32-seed0, built on first use
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tasks.config import REPO_ROOT
+
+logger = logging.getLogger(__name__)
+
+CACHE_ROOT = REPO_ROOT / "var" / "random-models"
+TINY_MODEL = REPO_ROOT / "models" / "tiny"
+DONE_MARKER = ".complete"
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int | None  # None: the tiny model's vocabulary and special tokens (its tokenizer fits)
+
+
+SIZES = {
+    # a few seconds on a CPU under Triton's interpreter: the GPU bench's smoke test
+    "tiny": ModelSize(64, 2, 4, 2, 128, vocab_size=None),
+    # SmolLM-135M's shape with the tiny tokenizer's 2,048 tokens: 107M parameters, almost all in the decoder layers
+    "135m": ModelSize(576, 30, 9, 3, 1536, vocab_size=None),
+    # Llama-3.2-1B's shape (tied 128,256-token embeddings: 1.24B parameters)
+    "1b": ModelSize(2048, 16, 32, 8, 8192, vocab_size=128256),
+}
+LLAMA3_SPECIALS = {"bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": None}
+
+
+def model_config(size: ModelSize) -> LlamaConfig:
+    """A Llama config of `size`, with tied embeddings and a 4,096-token context."""
+    if size.vocab_size is None:
+        tiny = json.loads((TINY_MODEL / "config.json").read_text())
+        vocab = {key: tiny[key] for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+    else:
+        vocab = {"vocab_size": size.vocab_size, **LLAMA3_SPECIALS}
+    return LlamaConfig(
+        hidden_size=size.hidden_size,
+        num_hidden_layers=size.num_layers,
+        num_attention_heads=size.num_heads,
+        num_key_value_heads=size.num_kv_heads,
+        head_dim=size.hidden_size // size.num_heads,
+        intermediate_size=size.intermediate_size,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        **vocab,
+    )
+
+
+def random_model_dir(name: str, dtype: torch.dtype, seed: int = 0, root: Path = CACHE_ROOT) -> Path:
+    """The folder of preset `name`'s random-init model in `dtype`, built (on the GPU when there is one) and saved the
+    first time; loads with AutoModelForCausalLM like any other."""
+    if name not in SIZES:
+        raise ValueError(f"unknown model size {name!r}; choose from {sorted(SIZES)}")
+    out = root / f"{name}-{str(dtype).removeprefix('torch.')}-seed{seed}"
+    if (out / DONE_MARKER).exists():
+        return out
+    started = time.perf_counter()
+    config = model_config(SIZES[name])
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(out)
+    (out / DONE_MARKER).touch()
+    logger.info(
+        "built random %s (%.1fM parameters, %s) at %s in %.1fs",
+        name,
+        model.num_parameters() / 1e6,
+        dtype,
+        out,
+        time.perf_counter() - started,
+    )
+    return out
