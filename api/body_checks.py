@@ -65,7 +65,7 @@ def parse_json_object(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, 
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise APIError(400, f"The body is not valid UTF-8 (at byte {exc.start}).", code="invalid_json") from exc
+        raise APIError(400, f"The JSON is not valid UTF-8 (at byte {exc.start}).", code="invalid_json") from exc
     depth = json_depth(raw)
     if depth > max_depth:
         message = f"The JSON is nested {depth} levels deep; at most {max_depth} are allowed."
@@ -73,9 +73,9 @@ def parse_json_object(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, 
     try:
         value = json.loads(text, parse_constant=lambda _: NON_FINITE, parse_float=_finite_float)
     except ValueError as exc:  # JSONDecodeError, and integers longer than Python's 4,300-digit limit
-        raise APIError(400, f"We could not parse the JSON body: {exc}", code="invalid_json") from exc
+        raise APIError(400, f"We could not parse the JSON: {exc}", code="invalid_json") from exc
     if not isinstance(value, dict):
-        raise APIError(400, "The body must be a JSON object.", code="invalid_json")
+        raise APIError(400, "Send a JSON object.", code="invalid_json")
     check_json_values(value)
     return value
 
