@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from api.body_checks import parse_json_object
+from api.body_checks import check_json_values, load_json_object, unsafe_text_reason
 from api.errors import APIError, validation_error_info
 from api.generation import build_generate_request, check_model_name
 from api.prompts import ModelInfo, chat_prompt_ids, completion_prompt_ids
@@ -66,8 +66,9 @@ def parse_line(
         if len(raw) > max_bytes:
             message = f"The line is {len(raw)} bytes; a request body may have at most {max_bytes}."
             raise LineError(ErrorInfo(message, code="line_too_large"))
-        value = parse_json_object(raw)
-        custom_id = _storable_custom_id(value.get("custom_id"))
+        value = load_json_object(raw)
+        custom_id = _storable_custom_id(value.get("custom_id"))  # named in the error line, whatever else is wrong
+        check_json_values(value)
         line = InputLine.model_validate(value)
         if line.custom_id in seen:
             message = f"custom_id {line.custom_id!r} repeats an earlier line"
@@ -87,8 +88,11 @@ def parse_line(
 
 
 def _storable_custom_id(value: object) -> str | None:
-    """The line's custom_id as its error line reports it, when it fits the ledger's column (else InputLine says why)."""
-    return value if isinstance(value, str) and 0 < len(value) <= MAX_CUSTOM_ID_LENGTH else None
+    """The line's custom_id as its error line reports it, when the ledger's column takes it (else the checks say
+    why)."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_CUSTOM_ID_LENGTH and unsafe_text_reason(value) is None:
+        return value
+    return None
 
 
 def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any], tenant: str) -> GenerateRequest:

@@ -60,8 +60,16 @@ def unsafe_text_reason(text: str) -> str | None:
     return None
 
 
-def parse_json_object(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+def parse_json_object(raw: bytes) -> dict[str, Any]:
     """`raw` as a JSON object whose numbers are finite and whose strings are safe text; APIError 400 otherwise."""
+    value = load_json_object(raw)
+    check_json_values(value)
+    return value
+
+
+def load_json_object(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    """`raw` as a JSON object, read only if shallow enough, with NON_FINITE where a number is not finite; its values
+    are not checked yet (check_json_values)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -76,7 +84,6 @@ def parse_json_object(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, 
         raise APIError(400, f"We could not parse the JSON: {exc}", code="invalid_json") from exc
     if not isinstance(value, dict):
         raise APIError(400, "Send a JSON object.", code="invalid_json")
-    check_json_values(value)
     return value
 
 

@@ -55,8 +55,11 @@ def read_json_object() -> dict:
     if not request.is_json:
         message = f"Content-Type must be application/json, not {request.mimetype or 'none'!r}."
         raise APIError(400, message, code="invalid_content_type")
+    limit = request.max_content_length or 0
     try:
         raw = request.get_data(cache=True)
-    except RequestEntityTooLarge as exc:  # a chunked body past the limit, cut off as it was read
-        raise too_large(request.max_content_length or 0) from exc
+    except RequestEntityTooLarge as exc:
+        raise too_large(limit) from exc
+    if request.content_length is None and len(raw) >= limit:  # a chunked body, cut off by werkzeug at the limit
+        raise too_large(limit)
     return parse_json_object(raw)
