@@ -25,7 +25,8 @@ MAX_JSON_DEPTH = 64  # OpenAI's deepest bodies (messages -> content parts, tool 
 # A JSON string, escapes included, written "unrolled" so the regex engine does not backtrack per character.
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_OPENERS = np.frombuffer(b"[{", dtype=np.uint8)
+_STEPS = np.zeros(256, dtype=np.int32)  # by byte: +1 opens a level, -1 closes one
+_STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
 
 
 class _NonFinite:
@@ -43,9 +44,7 @@ def json_depth(raw: bytes) -> int:
     brackets = _JSON_STRING.sub(b"", raw).translate(None, delete=_NOT_BRACKETS)
     if not brackets:
         return 0
-    codes = np.frombuffer(brackets, dtype=np.uint8)
-    steps = np.where(np.isin(codes, _OPENERS), 1, -1)
-    return int(np.cumsum(steps).max())
+    return int(np.cumsum(_STEPS[np.frombuffer(brackets, dtype=np.uint8)]).max())
 
 
 def unsafe_text_reason(text: str) -> str | None:
@@ -74,7 +73,8 @@ def load_json_object(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, A
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise APIError(400, f"The JSON is not valid UTF-8 (at byte {exc.start}).", code="invalid_json") from exc
-    depth = json_depth(raw)
+    num_openers = raw.count(b"[") + raw.count(b"{")  # at least the depth: most bodies need no closer look
+    depth = json_depth(raw) if num_openers > max_depth else num_openers
     if depth > max_depth:
         message = f"The JSON is nested {depth} levels deep; at most {max_depth} are allowed."
         raise APIError(400, message, code="json_too_deep")
