@@ -14,7 +14,7 @@ from tasks.config import Config
 
 UPLOAD_ENDPOINTS = frozenset({"files.create_file"})
 MULTIPART_OVERHEAD = 64 * 1024  # an upload's form boundaries and other fields, on top of the file itself
-CHECKED_HEADERS = ("Idempotency-Key", "Last-Event-ID")  # headers whose values reach SQL or Redis
+CHECKED_HEADERS = ("Idempotency-Key",)  # headers stored in SQL as they come (Last-Event-ID has its own pattern)
 
 
 def register_request_limits(app: Flask, config: Config) -> None:
