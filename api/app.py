@@ -11,6 +11,7 @@ from api.auth import authenticate
 from api.blueprints import batches, chat, completions, files, health, models, requests, saes, steering
 from api.errors import register_error_handlers
 from api.prompts import load_model_info
+from api.request_limits import register_request_limits
 from api.services import Services, close_db_session
 from api.stream_hub import BLOCK_MS, StreamHub
 from tasks.celery_app import create_celery
@@ -39,6 +40,7 @@ def create_app(config: Config | None = None) -> Flask:
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
     app.before_request(authenticate)  # every route but /health (DESIGN rule 7)
+    register_request_limits(app, config)  # body size, URL parts, after authentication
     app.after_request(add_rate_limit_headers)
     app.teardown_appcontext(close_db_session)
     register_error_handlers(app)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from api.body_checks import check_json_values, load_json_object, unsafe_text_reason
 from api.errors import APIError, validation_error_info
 from api.generation import build_generate_request, check_model_name
 from api.prompts import ModelInfo, chat_prompt_ids, completion_prompt_ids
@@ -15,11 +16,12 @@ from api.schemas import ChatCompletionRequest, CompletionRequest, StrictModel
 from api.tools import tool_plan
 from tasks.messages import Endpoint, ErrorInfo, GenerateRequest
 
+MAX_CUSTOM_ID_LENGTH = 512  # the batch_lines.custom_id column
 URL_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS}
 
 
 class InputLine(StrictModel):
-    custom_id: str = Field(min_length=1, max_length=512)
+    custom_id: str = Field(min_length=1, max_length=MAX_CUSTOM_ID_LENGTH)
     method: Literal["POST"]
     url: str
     body: dict[str, Any]
@@ -41,22 +43,33 @@ class LineError(Exception):
         self.info = info
 
 
-def parse_lines(info: ModelInfo, content: bytes, batch_url: str, tenant: str) -> list[ParsedLine]:
-    """Every non-blank line of `content`, numbered from 1, valid or with its error, as `tenant`'s requests; call
-    inside a request."""
-    parsed: list[ParsedLine] = []
-    seen_custom_ids: set[str] = set()
-    for line_no, raw in enumerate(content.decode("utf-8", errors="replace").splitlines(), start=1):
+def iter_lines(content: bytes) -> Iterator[tuple[int, bytes]]:
+    """Every non-blank line of a JSONL file with its number, counted from 1 as editors count; lines end at "\n" only
+    (a U+2028 inside a JSON string does not end one)."""
+    start, line_no = 0, 0
+    while start < len(content):
+        end = content.find(b"\n", start)
+        end = len(content) if end < 0 else end
+        line_no += 1
+        raw = content[start:end]
+        start = end + 1
         if raw.strip():
-            parsed.append(_parse_line(info, line_no, raw, batch_url, tenant, seen_custom_ids))
-    return parsed
+            yield line_no, raw
 
 
-def _parse_line(info: ModelInfo, line_no: int, raw: str, batch_url: str, tenant: str, seen: set[str]) -> ParsedLine:
+def parse_line(
+    info: ModelInfo, line_no: int, raw: bytes, batch_url: str, tenant: str, seen: set[str], max_bytes: int
+) -> ParsedLine:
+    """One line as `tenant`'s request, or its error naming the line: a line is checked as a request body is (size,
+    JSON, numbers, strings, then the endpoint's validation); call inside an app context."""
     custom_id = None
     try:
-        value = _json_object(raw)
-        custom_id = value["custom_id"] if isinstance(value.get("custom_id"), str) else None
+        if len(raw) > max_bytes:
+            message = f"The line is {len(raw)} bytes; a request body may have at most {max_bytes}."
+            raise LineError(ErrorInfo(message, code="line_too_large"))
+        value = load_json_object(raw)
+        custom_id = _storable_custom_id(value.get("custom_id"))  # named in the error line, whatever else is wrong
+        check_json_values(value)
         line = InputLine.model_validate(value)
         if line.custom_id in seen:
             message = f"custom_id {line.custom_id!r} repeats an earlier line"
@@ -75,14 +88,12 @@ def _parse_line(info: ModelInfo, line_no: int, raw: str, batch_url: str, tenant:
     return ParsedLine(line_no, custom_id, request=request)
 
 
-def _json_object(raw: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise LineError(ErrorInfo(f"The line is not valid JSON: {exc}", code="invalid_json")) from exc
-    if not isinstance(value, dict):
-        raise LineError(ErrorInfo("Each line must be a JSON object.", code="invalid_json"))
-    return value
+def _storable_custom_id(value: object) -> str | None:
+    """The line's custom_id as its error line reports it, when the ledger's column takes it (else the checks say
+    why)."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_CUSTOM_ID_LENGTH and unsafe_text_reason(value) is None:
+        return value
+    return None
 
 
 def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any], tenant: str) -> GenerateRequest:

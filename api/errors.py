@@ -67,9 +67,15 @@ def register_error_handlers(app: Flask) -> None:
 
 
 def _http_error(exc: HTTPException) -> tuple[Response, int]:
+    """werkzeug's errors (404, 405, 413, ...) in OpenAI's shape, keeping their headers (405's Allow)."""
     status = exc.code or 500
     error_type = "invalid_request_error" if status < 500 else "server_error"
-    return error_response(status, ErrorInfo(exc.description or exc.name, error_type, None, exc.name.lower()))
+    code = exc.name.lower().replace(" ", "_")
+    response, status = error_response(status, ErrorInfo(exc.description or exc.name, error_type, None, code))
+    for name, value in exc.get_headers():
+        if name.lower() != "content-type":
+            response.headers[name] = value
+    return response, status
 
 
 def _unavailable(exc: Exception) -> tuple[Response, int]:

@@ -7,13 +7,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
-from flask import Response, jsonify, request
+from flask import Response, jsonify
 
 from api.admission import admit
 from api.auth import current_principal
 from api.client_connection import is_client_gone
 from api.errors import APIError
 from api.prompts import ModelInfo
+from api.request_limits import read_json_object
 from api.responses import StreamMeta, completion_object
 from api.sampling import sampling_params
 from api.schemas import GenerationFields
@@ -183,9 +184,4 @@ def _wait(record: RequestRecord) -> Response:
 
 
 def json_body() -> dict:
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise APIError(
-            400, "We could not parse the JSON body of your request: send a JSON object.", code="invalid_json"
-        )
-    return body
+    return read_json_object()  # size, content type, depth, numbers and strings checked (api/request_limits.py)

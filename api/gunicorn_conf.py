@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.exposure import check_exposure
+from api.gunicorn_errors import install as install_json_errors
 from tasks.config import Config
 from tasks.logs import configure_logging
 
@@ -21,6 +22,12 @@ worker_connections = _config.api_connections
 workers = 1
 graceful_timeout = 5
 accesslog = "-"  # method, path, status: never the Authorization header
+# gunicorn's defaults, named: beyond them gunicorn itself answers 414 or 431, in JSON (api/gunicorn_errors.py). No
+# route of ours needs a longer URL, and a long header would be a long key or Last-Event-ID, both bounded.
+limit_request_line = 4094
+limit_request_fields = 100
+limit_request_field_size = 8190
+install_json_errors()
 
 
 def on_starting(server: Any) -> None:

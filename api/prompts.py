@@ -11,6 +11,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from api.errors import APIError
+from api.prompt_bounds import check_prompt_chars
 from api.schemas import ChatMessage
 from tasks.config import Config
 from tasks.tool_calls import PARSERS
@@ -35,6 +36,7 @@ def load_model_info(config: Config) -> ModelInfo:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(config.model)
     model_config = _read_model_config(config.model)
     max_model_len = config.max_model_len or model_config["max_position_embeddings"]
+    tokenizer.model_max_length = int(max_model_len)  # what a prompt's characters are bounded by (api/prompt_bounds.py)
     logger.info("tokenizer of %s loaded; max_model_len=%d", config.model, max_model_len)
     text_config = model_config.get("text_config") or model_config
     num_layers = int(text_config.get("num_hidden_layers", 0))
@@ -78,6 +80,7 @@ def chat_prompt_ids(
         text = tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # the template's own raise_exception() tells the user what it expects
         raise APIError(400, f"The chat template rejected the messages: {exc}", param="messages") from exc
+    check_prompt_chars(tokenizer, text, "messages")
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -104,6 +107,7 @@ def _arguments(text: str) -> Any:
 
 def completion_prompt_ids(tokenizer: PreTrainedTokenizerFast, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
+        check_prompt_chars(tokenizer, prompt, "prompt")
         return tokenizer.encode(prompt)
     vocab_size = len(tokenizer)
     if any(not 0 <= token < vocab_size for token in prompt):

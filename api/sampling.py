@@ -7,6 +7,9 @@ from api.prompts import ModelInfo, resolve_max_tokens
 from api.schemas import GenerationFields
 from tasks.messages import SamplingParams
 
+# Below this a temperature is greedy, as in vLLM: dividing logits by a float32 denormal (or 0) gives inf and NaN.
+MIN_TEMPERATURE = 1e-5
+
 
 def sampling_params(info: ModelInfo, fields: GenerationFields, num_prompt_tokens: int) -> SamplingParams:
     """Raises APIError (400, with `param`) for values that only make sense against the model or each other."""
@@ -18,12 +21,16 @@ def sampling_params(info: ModelInfo, fields: GenerationFields, num_prompt_tokens
         message = f"speculative method {fields.speculative.method!r} is not available here; use one of {offered}"
         raise APIError(400, message, param="speculative.method")
     vocab_size = len(info.tokenizer)
+    if fields.top_k > vocab_size:  # the sampler builds a tensor of it: 10**30 would fail the whole engine step
+        raise APIError(
+            400, f"top_k must be -1 or 0 (off), or at most the {vocab_size} tokens of the vocabulary", param="top_k"
+        )
     stop_token_ids = tuple(fields.stop_token_ids or ())
     if any(not 0 <= token < vocab_size for token in stop_token_ids):
         raise APIError(400, f"stop_token_ids must lie in [0, {vocab_size})", param="stop_token_ids")
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=fields.temperature,
+        temperature=0.0 if fields.temperature < MIN_TEMPERATURE else fields.temperature,
         top_p=fields.top_p,
         seed=fields.seed,
         stop=fields.stop_strings,

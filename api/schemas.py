@@ -14,7 +14,7 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16
 MAX_SPECULATIVE_TOKENS = 16
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # signed 64-bit, as vLLM and the SQL and JSON clients take it
 
 
 class StreamOptions(StrictModel):

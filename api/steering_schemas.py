@@ -3,7 +3,7 @@ monitor), validated with pydantic; what needs the SAE listing (known ids, index 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -12,6 +12,9 @@ from tasks.steering_messages import MonitorPositions, MonitorSpec, SteeringFeatu
 MAX_STEERING_FEATURES = 64
 MAX_STEERING_VECTORS = 16
 MAX_VECTOR_VALUES = 65536
+# A raw vector's entries, whose product with a strength (clamped at STEERING_MAX_STRENGTH) must stay finite in the
+# model's dtype: a residual stream's entries are rarely beyond a few hundred.
+MAX_VECTOR_VALUE = 1e4
 MAX_MONITOR_FEATURES = 1024
 MAX_SAE_ID_LENGTH = 256
 
@@ -28,7 +31,9 @@ class SteeringFeatureBody(_Strict):
 class SteeringVectorBody(_Strict):
     layer: int = Field(ge=0)
     strength: float = 1.0
-    values: list[float] | None = Field(None, min_length=1, max_length=MAX_VECTOR_VALUES)
+    values: list[Annotated[float, Field(ge=-MAX_VECTOR_VALUE, le=MAX_VECTOR_VALUE)]] | None = Field(
+        None, min_length=1, max_length=MAX_VECTOR_VALUES
+    )
     path: str | None = Field(None, min_length=1, max_length=MAX_SAE_ID_LENGTH)
 
     @model_validator(mode="after")

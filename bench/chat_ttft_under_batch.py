@@ -65,10 +65,13 @@ def measure(stack: Stack, args: argparse.Namespace) -> tuple[list[float], list[f
     spec = WorkloadSpec(args.batch_lines, (16, 64), (args.batch_output_len, args.batch_output_len), seed=0)
     start = time.perf_counter()
     batch = create_batch(stack, completion_lines(stack.config, random_prompts(stack.config, spec)))
-    logger.info("batch %s of %d lines accepted in %.1f s", batch.id, args.batch_lines, time.perf_counter() - start)
+    client = client_for(stack)
+    while batch.status == "validating":  # the api validates the file in the background
+        time.sleep(0.1)
+        batch = client.batches.retrieve(batch.id)
+    logger.info("batch %s of %d lines validated in %.1f s", batch.id, args.batch_lines, time.perf_counter() - start)
     time.sleep(MIN_RUNNING_S)
     loaded = [chat_ttft(stack, args.chat_max_tokens) for _ in range(args.num_chats)]
-    client = client_for(stack)
     during = client.batches.retrieve(batch.id)
     if during.status != "in_progress":
         logger.warning("the batch ended (%s) before the loaded chats did: make it larger", during.status)

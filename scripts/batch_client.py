@@ -65,7 +65,7 @@ def submit(args: argparse.Namespace) -> int:
         completion_window="24h",  # type: ignore[arg-type]
         extra_headers={"Idempotency-Key": f"{key}-batch"},
     )
-    logger.info("batch %s: %d lines", batch.id, batch.request_counts.total if batch.request_counts else 0)
+    logger.info("batch %s: %s", batch.id, batch.status)  # validating: the api checks the file in the background
     try:
         batch = follow(client, batch.id, args.poll_s)
     except KeyboardInterrupt:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, FileRecord, LineStatus
+from tasks.batch_models import OPEN_LINE_VALUES, BatchLine, BatchRecord, BatchStatus, FileRecord, LineStatus
 from tasks.batch_output import error_line, output_line, render_jsonl
 from tasks.batch_store import count_open_lines, new_id, stop_status
 
@@ -51,14 +52,52 @@ def _final_status(batch: BatchRecord) -> BatchStatus:
 
 def close_batch(session: Session, batch_id: str, expected: BatchStatus, final: BatchStatus) -> bool:
     """Write the files and move `expected` -> `final`; False, writing nothing, if the batch was no longer `expected`."""
+    values: dict[str, object] = {"status": final.value, **_write_files(session, batch_id)}
+    if final in CLOSED_AT:
+        values[CLOSED_AT[final]] = int(time.time())
+    moved = session.execute(
+        update(BatchRecord).where(BatchRecord.id == batch_id, BatchRecord.status == expected.value).values(**values)
+    )
+    if moved.rowcount != 1:
+        session.rollback()
+        return False
+    session.commit()
+    return True
+
+
+def fail_validation(session: Session, batch_id: str, error: dict[str, Any]) -> bool:
+    """validating -> failed with `error`, each line already in the ledger failed with it unless it had failed
+    validation, and the files written, in one transaction; False if the batch was no longer validating."""
+    now = time.time()
+    moved = session.execute(
+        update(BatchRecord)
+        .where(BatchRecord.id == batch_id, BatchRecord.status == BatchStatus.VALIDATING.value)
+        .values(status=BatchStatus.FAILED.value, failed_at=int(now), errors=[error])
+    )  # the batch row first: on PostgreSQL a validator's next slice then waits, and finds it failed
+    if moved.rowcount != 1:
+        session.rollback()
+        return False
+    session.execute(
+        update(BatchLine)
+        .where(BatchLine.batch_id == batch_id, BatchLine.status.in_(OPEN_LINE_VALUES))
+        .values(status=LineStatus.FAILED.value, error=error, finished_at=now)
+    )
+    session.expire_all()  # lines this session had loaded must load again, failed
+    file_ids = _write_files(session, batch_id)
+    if file_ids:
+        session.execute(update(BatchRecord).where(BatchRecord.id == batch_id).values(**file_ids))
+    session.commit()
+    return True
+
+
+def _write_files(session: Session, batch_id: str) -> dict[str, str]:
+    """The batch's output and error files, added to the session; their ids by the batch column that names them."""
     tenant = session.scalar(select(BatchRecord.tenant).where(BatchRecord.id == batch_id))  # owns the files too
     lines = session.scalars(select(BatchLine).where(BatchLine.batch_id == batch_id).order_by(BatchLine.line_no)).all()
     outputs = [output_line(line) for line in lines if line.status == LineStatus.COMPLETED.value]
     errors = [error_line(line) for line in lines if line.status != LineStatus.COMPLETED.value]
     now = int(time.time())
-    values: dict[str, object] = {"status": final.value}
-    if final in CLOSED_AT:
-        values[CLOSED_AT[final]] = now
+    file_ids: dict[str, str] = {}
     for column, suffix, rows in (("output_file_id", "output", outputs), ("error_file_id", "error", errors)):
         if rows:
             content = render_jsonl(rows)
@@ -72,13 +111,6 @@ def close_batch(session: Session, batch_id: str, expected: BatchStatus, final: B
                 content=content,
             )
             session.add(file)
-            values[column] = file.id
+            file_ids[column] = file.id
     session.flush()
-    moved = session.execute(
-        update(BatchRecord).where(BatchRecord.id == batch_id, BatchRecord.status == expected.value).values(**values)
-    )
-    if moved.rowcount != 1:
-        session.rollback()
-        return False
-    session.commit()
-    return True
+    return file_ids

@@ -89,6 +89,8 @@ class BatchRecord(Base):
     cancelled_at: Mapped[int | None] = mapped_column(Integer, nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)  # unique per tenant
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # unix seconds; while validating, the api validating it renews this, and the reaper fails it once it lapses
+    validation_lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     @property
     def is_finished(self) -> bool:

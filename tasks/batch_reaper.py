@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 
 import redis
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
 from tasks.batch_events import publish_status, set_stop_flag
-from tasks.batch_finalize import finalize_if_done
+from tasks.batch_finalize import fail_validation, finalize_if_done
 from tasks.batch_messages import ChunkTask
 from tasks.batch_models import OPEN_LINE_VALUES, BatchLine, BatchRecord, BatchStatus, LineStatus
 from tasks.batch_output import WORKER_LOST
@@ -23,7 +23,13 @@ from tasks.config import Config
 from tasks.db import SessionFactory
 
 logger = logging.getLogger(__name__)
-VALIDATION_TIMEOUT_S = 600  # a batch still validating after this had its api die mid-validation
+VALIDATION_TIMEOUT_S = 600  # a batch validating this long with no lease (made before leases) had its api die
+VALIDATION_INTERRUPTED = {
+    "code": "validation_interrupted",
+    "message": "The server stopped while validating the input file; submit the batch again.",
+    "param": None,
+    "line": None,
+}
 EXPIRING = and_(BatchRecord.status == BatchStatus.IN_PROGRESS.value, BatchRecord.expired_at.is_not(None))
 CANCELLING = BatchRecord.status == BatchStatus.CANCELLING.value
 
@@ -39,7 +45,9 @@ def reap_once(sessions: SessionFactory, client: redis.Redis, config: Config, enq
         for batch_id in begin_expiry(session, now):
             set_stop_flag(client, config, batch_id, LineStatus.EXPIRED)
         stop_lines_of_stopping_batches(session)
-        fail_interrupted_validations(session, now)
+        for batch_id in fail_interrupted_validations(session, now):
+            logger.warning("batch %s: its validation stopped (the api validating it died); failed it", batch_id)
+            publish_status(client, config, session, batch_id)
         for batch_id in batches_without_open_lines(session):
             if finalize_if_done(session, batch_id):
                 publish_status(client, config, session, batch_id)
@@ -116,14 +124,16 @@ def stop_lines_of_stopping_batches(session: Session) -> None:
             stop_waiting_lines(session, batch_id, status)
 
 
-def fail_interrupted_validations(session: Session, now: float) -> None:
-    error = {"code": "validation_interrupted", "message": "The server stopped while validating the input file."}
-    session.execute(
-        update(BatchRecord)
-        .where(BatchRecord.status == BatchStatus.VALIDATING.value, BatchRecord.created_at < now - VALIDATION_TIMEOUT_S)
-        .values(status=BatchStatus.FAILED.value, failed_at=int(now), errors=[error])
+def fail_interrupted_validations(session: Session, now: float) -> list[str]:
+    """Batches still validating whose validation lease lapsed (the api validating them died), failed with every line
+    already in the ledger; returns their ids. A batch from before leases had VALIDATION_TIMEOUT_S."""
+    lease_expires_at = func.coalesce(
+        BatchRecord.validation_lease_expires_at, BatchRecord.created_at + VALIDATION_TIMEOUT_S
     )
-    session.commit()
+    lapsed = session.scalars(
+        select(BatchRecord.id).where(BatchRecord.status == BatchStatus.VALIDATING.value, lease_expires_at < now)
+    ).all()
+    return [batch_id for batch_id in lapsed if fail_validation(session, batch_id, VALIDATION_INTERRUPTED)]
 
 
 def batches_without_open_lines(session: Session) -> list[str]:

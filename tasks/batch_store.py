@@ -211,19 +211,52 @@ def stop_status(batch: BatchRecord) -> LineStatus | None:
     return None
 
 
-def accept_lines(session: Session, batch_id: str, rows: list[dict[str, Any]], errors: list[dict[str, Any]]) -> bool:
-    """Insert every line of a validating batch and start it, in one transaction; False (the batch left validating)
-    when no line is valid, for the caller to fail it."""
+def add_lines(session: Session, batch_id: str, rows: list[dict[str, Any]], lease_expires_at: float) -> bool:
+    """Insert validated lines of a batch still validating and extend its validation lease, in one transaction; False,
+    inserting nothing, once it is not validating (cancelled, or failed by the reaper)."""
+    held = session.execute(
+        update(BatchRecord)
+        .where(BatchRecord.id == batch_id, BatchRecord.status == BatchStatus.VALIDATING.value)
+        .values(validation_lease_expires_at=lease_expires_at)
+    )  # the batch row first: on PostgreSQL its lock orders these lines against a cancel or the reaper
+    if held.rowcount != 1:
+        session.rollback()
+        return False
     if rows:
         session.execute(insert(BatchLine), rows)
-    has_valid_line = any(row["status"] == LineStatus.QUEUED.value for row in rows)
+    session.commit()
+    return True
+
+
+def renew_validation_leases(session: Session, batch_ids: list[str], lease_expires_at: float) -> None:
+    """Batches waiting for their validation to begin keep their lease, as those under way do with each slice."""
+    session.execute(
+        update(BatchRecord)
+        .where(BatchRecord.id.in_(batch_ids), BatchRecord.status == BatchStatus.VALIDATING.value)
+        .values(validation_lease_expires_at=lease_expires_at)
+    )
+    session.commit()
+
+
+def start_validated(session: Session, batch_id: str, errors: list[dict[str, Any]]) -> bool:
+    """Once every line is in the ledger: validating -> in_progress when some line is valid, keeping the first
+    validation errors on the batch; False when none is valid (errors recorded, still validating, for the caller to
+    fail it) or the batch was cancelled meanwhile."""
+    has_valid_line = (
+        session.scalar(
+            select(BatchLine.id)
+            .where(BatchLine.batch_id == batch_id, BatchLine.status == LineStatus.QUEUED.value)
+            .limit(1)
+        )
+        is not None
+    )
     values: dict[str, Any] = {"errors": errors[:MAX_BATCH_ERRORS] or None}
     if has_valid_line:
         values.update(status=BatchStatus.IN_PROGRESS.value, in_progress_at=int(time.time()))
-    session.execute(
+    moved = session.execute(
         update(BatchRecord)
         .where(BatchRecord.id == batch_id, BatchRecord.status == BatchStatus.VALIDATING.value)
         .values(**values)
     )
     session.commit()
-    return has_valid_line
+    return has_valid_line and moved.rowcount == 1

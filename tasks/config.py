@@ -80,6 +80,9 @@ class Config:
     flower_port: int = 5555
     flower_basic_auth: str = ""  # "user:password"; empty: `make serve` generates one into var/flower_password
     log_level: str = "INFO"
+    # A request body over this (a JSON body, chunked or not) is refused with 413 before it is read; uploads have
+    # max_file_bytes instead. A batch line over it becomes that line's error.
+    max_request_bytes: int = 4 * 1024 * 1024
     # Batch API (files and bulk jobs)
     max_file_bytes: int = 100 * 1024 * 1024  # an upload over this is refused with 413
     # Lines per chunk task on the bulk queue: twice the engine's batch (MAX_NUM_SEQS), so a chunk's claim, Celery
@@ -89,6 +92,9 @@ class Config:
     batch_max_attempts: int = 3  # a line whose worker died this many times fails
     batch_line_lease_s: float = 30.0  # a running line whose worker stops renewing this long goes back to the queue
     batch_dispatch_timeout_s: float = 120.0  # a chunk no worker claimed in this long is dispatched again
+    # A batch's input file is validated in the background by the api that took it, which renews this lease as it
+    # goes; a batch still validating past it (its api died) is failed by the reaper, each line accounted for.
+    batch_validation_lease_s: float = 60.0
     batch_reaper_interval_s: float = 5.0  # how often each worker's reaper returns lapsed leases and expires batches
     # SAE steering and monitoring
     sae_root: str = str(REPO_ROOT / "models" / "saes")  # SAE ids are folders relative to it

@@ -11,9 +11,10 @@ from pydantic import Field
 from sqlalchemy import select
 
 from api.auth import current_principal
-from api.batch_lines import URL_ENDPOINTS, parse_lines
-from api.batch_objects import batch_object, line_row
+from api.batch_lines import URL_ENDPOINTS
+from api.batch_objects import batch_object
 from api.batch_relay import batch_frames
+from api.batch_validation import batch_validator
 from api.blueprints.files import find_file
 from api.errors import APIError
 from api.generation import json_body
@@ -22,19 +23,16 @@ from api.schemas import StrictModel
 from api.services import db_session, services
 from api.sse import last_event_id, sse_response
 from tasks.batch_events import publish_status, set_stop_flag
-from tasks.batch_finalize import close_batch, finalize_if_done
+from tasks.batch_finalize import finalize_if_done
 from tasks.batch_messages import BatchEvent, BatchEventType
 from tasks.batch_models import BatchRecord, BatchStatus, LineStatus
-from tasks.batch_reaper import dispatch_and_enqueue
-from tasks.batch_store import accept_lines, begin_cancel, new_sortable_id, request_counts
-from tasks.celery_app import enqueue_chunk
+from tasks.batch_store import begin_cancel, new_sortable_id, request_counts
 from tasks.streams import RedisKeys
 
 logger = logging.getLogger(__name__)
 bp = Blueprint("batches", __name__)
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_LIST_LIMIT = 100
-EMPTY_FILE = {"code": "empty_file", "message": "The input file has no lines.", "param": None, "line": None}
 
 
 class BatchCreate(StrictModel):
@@ -62,16 +60,17 @@ def create_batch() -> Response:
         raise APIError(
             400, f"File {input_file.id} has purpose {input_file.purpose!r}, not 'batch'.", param="input_file_id"
         )
-    batch = _record_validating(create, key, digest)
-    if batch.status == BatchStatus.VALIDATING.value:
-        _validate_and_start(batch, input_file.content)
+    batch, is_new = _record_validating(create, key, digest)
+    if is_new:
+        batch_validator().submit(batch.id)  # in the background: the batch answers `validating` at once
     session = db_session()
     session.refresh(batch)
     return jsonify(batch_object(session, batch))
 
 
-def _record_validating(create: BatchCreate, key: str | None, digest: str) -> BatchRecord:
-    """The batch row, committed before anything is validated or enqueued (or the earlier one with this key)."""
+def _record_validating(create: BatchCreate, key: str | None, digest: str) -> tuple[BatchRecord, bool]:
+    """The batch row, committed with its validation lease before anything is validated or enqueued, and True; or the
+    earlier one with this key, and False."""
     now = int(time.time())
     principal = current_principal()
     batch = BatchRecord(
@@ -87,24 +86,11 @@ def _record_validating(create: BatchCreate, key: str | None, digest: str) -> Bat
         expires_at=now + COMPLETION_WINDOWS[create.completion_window],
         idempotency_key=key,
         request_hash=digest,
+        validation_lease_expires_at=now + services().config.batch_validation_lease_s,
     )
     stored = commit_once(batch, key, digest, _by_key)
     logger.info("batch %s from key %s (tenant %s)", stored.id, principal.key_name, principal.tenant)
-    return stored
-
-
-def _validate_and_start(batch: BatchRecord, content: bytes) -> None:
-    """Every line into the ledger, then the batch in progress and its first chunks dispatched, or failed."""
-    svc = services()
-    session = db_session()
-    lines = parse_lines(svc.model_info, content, batch.endpoint, batch.tenant)
-    errors = [line.error for line in lines if line.error is not None] or ([] if lines else [EMPTY_FILE])
-    if accept_lines(session, batch.id, [line_row(batch.id, line) for line in lines], errors):
-        publish_status(svc.redis, svc.config, session, batch.id)
-        dispatch_and_enqueue(session, svc.config, lambda chunk: enqueue_chunk(svc.celery, svc.config, chunk))
-        return
-    close_batch(session, batch.id, BatchStatus.VALIDATING, BatchStatus.FAILED)
-    publish_status(svc.redis, svc.config, session, batch.id)
+    return stored, stored is batch
 
 
 def _by_key(key: str) -> BatchRecord | None:

@@ -9,6 +9,7 @@ from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import select
 
 from api.auth import current_principal
+from api.body_checks import unsafe_text_reason
 from api.errors import APIError
 from api.file_objects import file_object
 from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
@@ -19,13 +20,12 @@ from tasks.batch_store import new_id
 logger = logging.getLogger(__name__)
 bp = Blueprint("files", __name__)
 UPLOAD_PURPOSES = ("batch",)
-MULTIPART_OVERHEAD = 64 * 1024  # the form's boundaries and other fields, on top of the file itself
+MAX_FILENAME_LENGTH = 512  # the files.filename column
 
 
 @bp.post("/v1/files")
 def create_file() -> Response:
-    max_bytes = services().config.max_file_bytes
-    request.max_content_length = max_bytes + MULTIPART_OVERHEAD  # werkzeug answers 413 before reading more
+    max_bytes = services().config.max_file_bytes  # the whole form's limit is set in api/request_limits.py
     purpose = request.form.get("purpose")
     if purpose not in UPLOAD_PURPOSES:
         raise APIError(400, f"purpose must be one of {list(UPLOAD_PURPOSES)}", param="purpose")
@@ -35,7 +35,7 @@ def create_file() -> Response:
     content = upload.read(max_bytes + 1)
     if len(content) > max_bytes:
         raise APIError(413, f"The file is larger than {max_bytes} bytes.", param="file", code="file_too_large")
-    filename = upload.filename or "upload.jsonl"
+    filename = _checked_filename(upload.filename or "upload.jsonl")
     key = idempotency_key()
     digest = request_hash(purpose.encode(), filename.encode(), content)
     principal = current_principal()
@@ -53,6 +53,15 @@ def create_file() -> Response:
     stored = _store_once(record, key, digest)
     logger.info("file %s from key %s (tenant %s)", stored.id, principal.key_name, principal.tenant)
     return jsonify(file_object(stored))
+
+
+def _checked_filename(filename: str) -> str:
+    reason = unsafe_text_reason(filename)
+    if reason is None and len(filename) > MAX_FILENAME_LENGTH:
+        reason = f"is longer than {MAX_FILENAME_LENGTH} characters"
+    if reason is not None:
+        raise APIError(400, f"The file's name {reason}.", param="file", code="invalid_filename")
+    return filename
 
 
 def _store_once(record: FileRecord, key: str | None, digest: str) -> FileRecord:

@@ -1,10 +1,11 @@
-"""The Batch API before any worker runs a line: validation with line numbers, dispatch onto the bulk queue,
-idempotency, listing, and cancel (which closes a batch none of whose lines had started)."""
+"""The Batch API before any worker runs a line: validation (in the background) with line numbers, dispatch onto the
+bulk queue, idempotency, listing, and cancel (which closes a batch none of whose lines had started)."""
 
 from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,7 +47,27 @@ def create_batch(client: FlaskClient, lines: list[str], key: str | None = None) 
     body = {"input_file_id": file_id, "endpoint": CHAT_URL, "completion_window": "24h", "metadata": {"run": "t"}}
     reply = client.post("/v1/batches", json=body, headers=headers)
     assert reply.status_code == 200, reply.get_json()
-    return reply.get_json()
+    return validated(client, reply.get_json())
+
+
+def validated(client: FlaskClient, batch: dict, timeout_s: float = 30.0) -> dict:
+    """The batch once its background validation is over."""
+    deadline = time.monotonic() + timeout_s
+    while batch["status"] == "validating":
+        assert time.monotonic() < deadline, f"batch {batch['id']} is still validating"
+        time.sleep(0.02)
+        batch = client.get(f"/v1/batches/{batch['id']}").get_json()
+    return batch
+
+
+def chunks_enqueued(config: Config, expected: int, timeout_s: float = 2.0) -> int:
+    """Chunks on the bulk queue once `expected` are there or `timeout_s` passed: the validator dispatches them just
+    after the batch shows in_progress."""
+    client = redis.Redis.from_url(config.redis_url)
+    deadline = time.monotonic() + timeout_s
+    while client.llen(config.bulk_queue) < expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return client.llen(config.bulk_queue)
 
 
 def test_invalid_lines_are_reported_with_their_line_numbers(api: tuple[Config, FlaskClient]) -> None:
@@ -75,8 +96,7 @@ def test_invalid_lines_are_reported_with_their_line_numbers(api: tuple[Config, F
     assert errors[6]["param"] == "stream" and errors[7]["code"] == "model_not_found"
     assert errors[9]["code"] == "context_length_exceeded"
     assert errors[12]["param"] == "n"
-    queued = redis.Redis.from_url(config.redis_url).llen(config.bulk_queue)
-    assert queued == 2, "three valid lines make a chunk of two and a chunk of one"
+    assert chunks_enqueued(config, 2) == 2, "three valid lines make a chunk of two and a chunk of one"
 
 
 def test_a_batch_with_no_valid_line_fails_with_an_error_file(api: tuple[Config, FlaskClient]) -> None:
@@ -95,7 +115,7 @@ def test_dispatch_keeps_only_the_window_of_chunks_on_the_queue(api: tuple[Config
     config, client = api
     batch = create_batch(client, [chat_line(f"line-{i}", config.model_name) for i in range(20)])
     assert batch["request_counts"] == {"total": 20, "completed": 0, "failed": 0}
-    assert redis.Redis.from_url(config.redis_url).llen(config.bulk_queue) == config.batch_chunks_in_flight
+    assert chunks_enqueued(config, config.batch_chunks_in_flight) == config.batch_chunks_in_flight
 
 
 def test_cancel_before_any_line_ran_closes_the_batch(api: tuple[Config, FlaskClient]) -> None:

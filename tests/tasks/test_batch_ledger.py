@@ -24,23 +24,31 @@ from tasks.batch_finalize import finalize_if_done
 from tasks.batch_messages import ChunkTask
 from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, FileRecord, LineStatus
 from tasks.batch_output import output_line, render_jsonl
-from tasks.batch_reaper import VALIDATION_TIMEOUT_S, begin_expiry, reap_once, return_lapsed_lines
+from tasks.batch_reaper import (
+    VALIDATION_INTERRUPTED,
+    VALIDATION_TIMEOUT_S,
+    begin_expiry,
+    reap_once,
+    return_lapsed_lines,
+)
 from tasks.batch_store import (
     LineOutcome,
-    accept_lines,
+    add_lines,
+    begin_cancel,
     claim_chunk,
     dispatch_chunks,
     finish_lines,
     new_sortable_id,
     renew_lease,
     request_counts,
+    start_validated,
 )
 from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.messages import Endpoint, GenerateRequest, SamplingParams
 from tasks.models import Base
 from tasks.streams import RedisKeys
-from tests.batch_rows import queued_line_row
+from tests.batch_rows import accept_rows, queued_line_row
 from tests.postgres import own_database
 
 CONFIG = Config(batch_chunk_size=3, batch_chunks_in_flight=2, batch_max_attempts=2, batch_dispatch_timeout_s=60)
@@ -86,7 +94,7 @@ def make_batch(session: Session, num_lines: int, expires_in_s: int = 3600) -> st
     session.add(batch)
     session.commit()
     rows = [_row(batch.id, line_no) for line_no in range(1, num_lines + 1)]
-    assert accept_lines(session, batch.id, rows, [])
+    assert accept_rows(session, batch.id, rows)
     return batch.id
 
 
@@ -246,3 +254,61 @@ def test_a_reaper_pass_expires_a_due_batch_and_fails_an_interrupted_validation(
     assert json.loads(events[-1][1]["event"])["status"] == "expired"
     for key in client.scan_iter(f"{config.redis_prefix}*"):
         client.delete(key)
+
+
+def validating_batch(session: Session, lease_expires_at: float) -> str:
+    now = int(time.time())
+    batch = BatchRecord(
+        id=new_sortable_id("batch_"),
+        endpoint="/v1/completions",
+        model="tiny",
+        input_file_id="file-x",
+        completion_window="24h",
+        status=BatchStatus.VALIDATING.value,
+        created_at=now,
+        expires_at=now + 3600,
+        validation_lease_expires_at=lease_expires_at,
+    )
+    session.add(batch)
+    session.commit()
+    return batch.id
+
+
+def test_a_validation_whose_lease_lapsed_fails_with_every_line_it_had_recorded(
+    db_engine: Engine, session: Session, redis_url: str
+) -> None:
+    config = dataclasses.replace(CONFIG, redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:")
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    now = time.time()
+    lapsed, live = validating_batch(session, now + 60), validating_batch(session, now + 60)
+    invalid = {"code": "invalid_json", "message": "x", "param": None, "line": 2}
+    invalid_row = {**_row(lapsed, 2), "request": None, "status": LineStatus.FAILED.value, "error": invalid}
+    assert add_lines(session, lapsed, [_row(lapsed, 1), invalid_row], lease_expires_at=now - 1)  # its api died
+    assert add_lines(session, live, [_row(live, 1)], lease_expires_at=now + 60)
+
+    reap_once(make_session_factory(db_engine), client, config, lambda chunk: None)
+    session.expire_all()
+    failed = session.get(BatchRecord, lapsed)
+    assert failed is not None and failed.status == "failed" and failed.failed_at is not None
+    assert failed.errors == [VALIDATION_INTERRUPTED] and statuses(session, lapsed) == ["failed", "failed"]
+    error_file = session.get(FileRecord, failed.error_file_id)
+    assert error_file is not None
+    errors = [json.loads(line) for line in error_file.content.splitlines()]
+    assert [line["custom_id"] for line in errors] == ["c1", "c2"]
+    assert errors[0]["response"]["body"]["error"]["code"] == "validation_interrupted" and errors[1]["error"] == invalid
+    assert not add_lines(session, lapsed, [_row(lapsed, 3)], lease_expires_at=now + 60), "a late slice is refused"
+    assert session.get(BatchRecord, live).status == "validating"  # type: ignore[union-attr]
+    assert statuses(session, live) == ["queued"]
+    for key in client.scan_iter(f"{config.redis_prefix}*"):
+        client.delete(key)
+
+
+def test_a_cancel_while_validating_stops_the_validation_at_its_next_slice(session: Session) -> None:
+    batch_id = validating_batch(session, time.time() + 60)
+    assert add_lines(session, batch_id, [_row(batch_id, 1)], lease_expires_at=time.time() + 60)
+    assert begin_cancel(session, batch_id) and finalize_if_done(session, batch_id)
+    assert not add_lines(session, batch_id, [_row(batch_id, 2)], lease_expires_at=time.time() + 60)
+    assert not start_validated(session, batch_id, [])
+    session.expire_all()
+    assert session.get(BatchRecord, batch_id).status == "cancelled"  # type: ignore[union-attr]
+    assert statuses(session, batch_id) == ["cancelled"]

@@ -20,7 +20,6 @@ from worker.engine.grammar.matcher import RowGrammar, fill_bitmasks
 from worker.engine.step_readback import read_back
 from worker.engine.transfers import to_device
 
-NEG_INF = float("-inf")
 Argmax = Callable[[torch.Tensor], torch.Tensor]  # [S, V] -> [S] int64, the first largest index of each row
 
 

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from tasks.messages import TokenLogprob
+from worker.engine.grammar.masks import NEG_INF
 from worker.engine.transfers import to_device, to_host
-
-NEG_INF = float("-inf")
 
 if TYPE_CHECKING:
     from worker.engine.sampler import SamplingRow

@@ -16,11 +16,11 @@ from transformers import PreTrainedTokenizerFast
 from tasks.batch_events import set_stop_flag
 from tasks.batch_messages import ChunkTask
 from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, LineStatus
-from tasks.batch_store import accept_lines, dispatch_chunks, new_sortable_id
+from tasks.batch_store import dispatch_chunks, new_sortable_id
 from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.messages import Endpoint, FinishReason, GenerateRequest, SamplingParams
-from tests.batch_rows import queued_line_row
+from tests.batch_rows import accept_rows, queued_line_row
 from worker.engine.interface import BULK_PRIORITY, EngineOutput, EngineRequest, OutputCallback
 from worker.serving.batch_chunk import ChunkRunner
 from worker.serving.batch_stops import StopWatcher
@@ -127,7 +127,7 @@ def dispatch(runner: ChunkRunner, lines: list[tuple[list[int], SamplingParams]])
         )
         session.commit()
         rows = [_row(batch_id, line_no, prompt, sampling) for line_no, (prompt, sampling) in enumerate(lines, 1)]
-        accept_lines(session, batch_id, rows, [])
+        accept_rows(session, batch_id, rows)
         [chunk] = dispatch_chunks(session, runner.config)
     return chunk
 
