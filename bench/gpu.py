@@ -268,7 +268,7 @@ def skip_reason(key: str, args: argparse.Namespace, model: PreTrainedModel) -> s
             f"transformers {transformers.__version__} has no continuous batching API as bench/hf_continuous.py uses it"
         )
     if key == "steerbatch_graphs" and args.device == "cpu":
-        from worker.engine.attention_backend import AttentionBackend, unavailable_reason
+        from worker.engine.attention.backend import AttentionBackend, unavailable_reason
 
         return unavailable_reason(AttentionBackend.TRITON, torch.device("cpu"), DTYPES[args.dtype])
     return None

@@ -15,7 +15,7 @@ from bench.workload import BenchRequest, Feeder
 from tasks.config import Config
 from tasks.messages import SamplingParams
 from worker.engine.continuous_engine import ContinuousEngine
-from worker.engine.graph_mode import GraphMode
+from worker.engine.graphs.graph_mode import GraphMode
 from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner
 from worker.engine.stats import EngineStats

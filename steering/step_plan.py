@@ -78,7 +78,7 @@ class StepPlan:
     monitors: Mapping[HookPoint, Sequence[MonitorTap]] = field(default_factory=dict)
     stats: Mapping[HookPoint, Sequence[StatsTap]] = field(default_factory=dict)
     # The residual at the point (after its steering) copied into this [N, hidden] buffer: a CUDA graph records the
-    # copy, and the monitors read the buffer after each replay (worker/engine/graph_hooks.py).
+    # copy, and the monitors read the buffer after each replay (worker/engine/graphs/graph_hooks.py).
     captures: Mapping[HookPoint, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

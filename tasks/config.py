@@ -35,7 +35,7 @@ class Config:
     kv_block_size: int = 0  # tokens per KV block; 0: 256 for flash-attn's paged kernels, else 16
     kv_cache_tokens: int = 0  # KV pool size; 0: from kv_cache_memory_fraction on cuda, max_num_seqs x context on cpu
     kv_cache_memory_fraction: float = 0.85  # of the device memory left free after loading the model (cuda)
-    # auto | sdpa | cpu_kernel | triton | flash_attn (worker/engine/attention_backend.py). auto: on CUDA flash_attn
+    # auto | sdpa | cpu_kernel | triton | flash_attn (worker/engine/attention/backend.py). auto: on CUDA flash_attn
     # when installed, else the Triton paged kernels; on CPU in float32 the C decode kernel (worker/kernels/
     # paged_decode.c, built by the system compiler once per machine; without one, sdpa: gathered blocks and matmuls).
     attention_backend: str = "auto"
@@ -43,9 +43,9 @@ class Config:
     # most of HF's per-operator Python, after some tens of seconds of compiling in the first steps of each shape class.
     torch_compile: bool = False
     # Decode-only steps as CUDA graphs captured at warm-up for batch-size buckets 1, 2, 4, ... up to max_num_seqs, with
-    # steering and monitoring inside (worker/engine/cuda_graphs.py). auto: on a CUDA device with the triton attention
-    # backend, else off; off; eager_replay: the same padded static-buffer steps run eagerly, without capturing: how a
-    # CPU checks the graph path (under Triton's interpreter).
+    # steering and monitoring inside (worker/engine/graphs/cuda_graphs.py). auto: on a CUDA device with the triton
+    # attention backend, else off; off; eager_replay: the same padded static-buffer steps run eagerly, without
+    # capturing: how a CPU checks the graph path (under Triton's interpreter).
     cuda_graphs: str = "auto"
     enable_prefix_caching: bool = True  # requests share the KV blocks of a common prefix (system prompts)
     # The default proposer for requests that may speculate: "ngram" (prompt lookup), "draft" (needs

@@ -11,7 +11,7 @@ from tasks.config import REPO_ROOT
 ENGINE_SIDE = [
     "worker.engine.continuous_engine",
     "worker.engine.speculation.speculator",
-    "worker.engine.triton_step",
+    "worker.engine.attention.triton_step",
     "worker.kernels.cpu_decode_kernel",
     "worker.steering.steering_plan",
     "worker.text.choice",

@@ -22,9 +22,9 @@ from transformers import PreTrainedModel
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request, RequestStatus
-from worker.engine.kv_pool import KVPool
-from worker.engine.paged_attention import paged_sdpa_attention_at
-from worker.engine.paged_step import PagedStep
+from worker.engine.attention.kv_pool import KVPool
+from worker.engine.attention.paged_attention import paged_sdpa_attention_at
+from worker.engine.attention.paged_step import PagedStep
 
 logger = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from steering.batch_hooks import BatchHooks
 from steering.hook_points import hidden_size
 from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
-from worker.engine.attention_backend import AttentionBackend, resolve_attention_backend
+from worker.engine.attention.backend import AttentionBackend, resolve_attention_backend
+from worker.engine.attention.kv_pool import KVPool, KVShape, num_pool_tokens
+from worker.engine.attention.paged_attention import FLASH_BACKEND, SDPA_BACKEND, register_paged_attention
+from worker.engine.attention.paged_step import PagedStep, build_paged_step
 from worker.engine.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
 from worker.engine.cpu_weight_layout import store_linear_weights_column_major
-from worker.engine.graph_mode import GraphMode, resolve_graph_mode
-from worker.engine.kv_pool import KVPool, KVShape, num_pool_tokens
-from worker.engine.paged_attention import FLASH_BACKEND, SDPA_BACKEND, register_paged_attention
-from worker.engine.paged_step import PagedStep, build_paged_step
+from worker.engine.graphs.graph_mode import GraphMode, resolve_graph_mode
 from worker.engine.sampler import Argmax, torch_argmax
 from worker.engine.speculation.draft_weights import load_draft_weights
 from worker.kernels.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
@@ -32,7 +32,7 @@ from worker.steering.steering_plan import build_step_plan, read_monitored
 from worker.steering.worker_monitor import WorkerMonitor
 
 if TYPE_CHECKING:
-    from worker.engine.cuda_graphs import DecodeGraphs
+    from worker.engine.graphs.cuda_graphs import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -129,13 +129,15 @@ class ModelRunner:
         self._hooks = BatchHooks(self.model)
         self._compiled: CompiledLogits | None = None
         self._is_compiled_warm = False
+        self._graphs: DecodeGraphs | None = None  # run() asks before they are loaded: the compiled warm-up runs steps
         if config.torch_compile and self.device.type == "cpu":  # measured on CPU only; CUDA would want CUDA graphs
             self._compiled = compile_model(self.model)
             warm_up(self.run, self.kv_pool)
             self._is_compiled_warm = True
         elif config.torch_compile:
             logger.warning("TORCH_COMPILE is for CPU workers; this %s worker runs eager", self.device.type)
-        self._graphs = None if graph_mode is None else self._load_decode_graphs(config.max_num_seqs, graph_mode)
+        if graph_mode is not None:
+            self._graphs = self._load_decode_graphs(config.max_num_seqs, graph_mode)
         logger.info(
             "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s",
             config.model,
@@ -188,10 +190,10 @@ class ModelRunner:
 
     def _load_decode_graphs(self, max_num_seqs: int, mode: GraphMode) -> DecodeGraphs:
         """Decode steps over static buffers for up to `max_num_seqs` rows, captured now (CAPTURE)."""
-        from worker.engine.cuda_graphs import DecodeGraphs  # imports triton: only on workers that run it
-        from worker.engine.decode_buffers import DecodeBuffers
-        from worker.engine.graph_hooks import GraphHookBuffers
-        from worker.engine.triton_step import num_sms
+        from worker.engine.attention.triton_step import num_sms
+        from worker.engine.graphs.cuda_graphs import DecodeGraphs  # imports triton: only on workers that run it
+        from worker.engine.graphs.decode_buffers import DecodeBuffers
+        from worker.engine.graphs.graph_hooks import GraphHookBuffers
         from worker.kernels.triton_decode import num_decode_splits
 
         pool, max_len = self.kv_pool, self.max_model_len

@@ -10,7 +10,7 @@ import torch
 
 from tasks.config import Config
 from worker.engine import model_runner
-from worker.engine.attention_backend import AttentionBackend, resolve_attention_backend
+from worker.engine.attention.backend import AttentionBackend, resolve_attention_backend
 from worker.engine.model_runner import load_attention_backend, resolve_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

@@ -12,8 +12,11 @@ from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
 from steering.hook_points import HookPoint
 from steering.step_plan import MonitorTap, SteeringTable, StepPlan
-from worker.engine.attention_backend import AttentionBackend
-from worker.engine.decode_buffers import (
+from worker.engine.attention.backend import AttentionBackend
+from worker.engine.attention.kv_pool import KVPool, KVShape
+from worker.engine.attention.paged_attention import paged_sdpa_attention_at
+from worker.engine.attention.paged_step import build_paged_step
+from worker.engine.graphs.decode_buffers import (
     CONTEXT_LEN,
     POSITION,
     SLOT,
@@ -23,10 +26,7 @@ from worker.engine.decode_buffers import (
     decode_buckets,
     is_graph_step,
 )
-from worker.engine.graph_hooks import GraphHookBuffers, HookSet
-from worker.engine.kv_pool import KVPool, KVShape
-from worker.engine.paged_attention import paged_sdpa_attention_at
-from worker.engine.paged_step import build_paged_step
+from worker.engine.graphs.graph_hooks import GraphHookBuffers, HookSet
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_ROWS, MAX_BLOCKS_PER_ROW = 16, 24, 8, 4
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 32

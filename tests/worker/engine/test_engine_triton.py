@@ -12,8 +12,8 @@ from transformers import PreTrainedModel
 from scheduler.batch import ScheduledChunk
 from tasks.config import Config
 from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_together
-from worker.engine import triton_step
-from worker.engine.attention_backend import AttentionBackend
+from worker.engine.attention import triton_step
+from worker.engine.attention.backend import AttentionBackend
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineRequest
 from worker.engine.model_runner import ModelRunner

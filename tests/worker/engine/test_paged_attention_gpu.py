@@ -16,7 +16,7 @@ from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from tasks.config import Config
 from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_together
-from worker.engine.attention_backend import AttentionBackend
+from worker.engine.attention.backend import AttentionBackend
 from worker.engine.continuous_engine import ContinuousEngine, scheduler_config
 from worker.engine.interface import EngineRequest
 from worker.engine.model_runner import ModelRunner

@@ -8,10 +8,10 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
-from worker.engine.attention_backend import AttentionBackend
-from worker.engine.kv_pool import KVPool, KVShape
-from worker.engine.paged_attention import paged_sdpa_attention_at
-from worker.engine.paged_step import build_paged_step
+from worker.engine.attention.backend import AttentionBackend
+from worker.engine.attention.kv_pool import KVPool, KVShape
+from worker.engine.attention.paged_attention import paged_sdpa_attention_at
+from worker.engine.attention.paged_step import build_paged_step
 
 BLOCK_SIZE, NUM_BLOCKS = 16, 40
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 32

@@ -11,11 +11,11 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
-from worker.engine.attention_backend import AttentionBackend
-from worker.engine.kv_pool import KVPool, KVShape
+from worker.engine.attention.backend import AttentionBackend
+from worker.engine.attention.kv_pool import KVPool, KVShape
+from worker.engine.attention.paged_attention import decode_attention, gather_blocks, gather_keys
+from worker.engine.attention.paged_step import build_paged_step
 from worker.engine.model_runner import ModelRunner
-from worker.engine.paged_attention import decode_attention, gather_blocks, gather_keys
-from worker.engine.paged_step import build_paged_step
 from worker.engine.sampler import torch_argmax
 from worker.kernels.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
 

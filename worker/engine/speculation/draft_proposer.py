@@ -17,10 +17,10 @@ from transformers import PreTrainedModel
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
-from worker.engine.attention_backend import AttentionBackend
-from worker.engine.kv_pool import KVPool
+from worker.engine.attention.backend import AttentionBackend
+from worker.engine.attention.kv_pool import KVPool
+from worker.engine.attention.paged_step import build_paged_step
 from worker.engine.model_runner import paged_forward
-from worker.engine.paged_step import build_paged_step
 from worker.engine.speculation.draft_policy import TIMING_DECAY, running_mean
 
 PROPOSAL_PLACEHOLDER = 0  # stands for a proposed token between scheduling and the proposer's passes

@@ -1,4 +1,4 @@
-"""Whether decode steps run as CUDA graphs (CUDA_GRAPHS), apart from worker/engine/cuda_graphs.py, which imports
+"""Whether decode steps run as CUDA graphs (CUDA_GRAPHS), apart from worker/engine/graphs/cuda_graphs.py, which imports
 Triton: a worker without the triton package decides here without loading it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from enum import Enum
 
 import torch
 
-from worker.engine.attention_backend import AttentionBackend
+from worker.engine.attention.backend import AttentionBackend
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 A decode step on a GPU is mostly kernel launches: a few hundred small kernels whose launch costs more than their
 arithmetic at small batches. A graph replays them all with one launch. It replays exactly what it recorded, so the
-step's inputs live in static buffers (worker/engine/decode_buffers.py), the rows are padded up to the bucket, the
+step's inputs live in static buffers (worker/engine/graphs/decode_buffers.py), the rows are padded up to the bucket, the
 Triton decode kernel's split count is fixed per bucket, and steering and monitoring are buffers rather than
-branches (worker/engine/graph_hooks.py). Steps with prefill or speculative verify chunks run eagerly.
+branches (worker/engine/graphs/graph_hooks.py). Steps with prefill or speculative verify chunks run eagerly.
 
 `GraphMode.EAGER_REPLAY` runs the same padded static-buffer step eagerly instead of replaying a capture: how a CPU
 checks everything here but the capture itself.
@@ -22,10 +22,10 @@ import torch
 from scheduler.batch import ScheduledChunk
 from steering.batch_hooks import BatchHooks
 from steering.step_plan import MonitorResult, StepPlan
-from worker.engine.decode_buffers import DecodeBuffers, bucket_for, decode_buckets, is_graph_step
-from worker.engine.graph_hooks import GraphHookBuffers, HookSet
-from worker.engine.graph_mode import GraphMode
-from worker.engine.paged_step import PagedStep
+from worker.engine.attention.paged_step import PagedStep
+from worker.engine.graphs.decode_buffers import DecodeBuffers, bucket_for, decode_buckets, is_graph_step
+from worker.engine.graphs.graph_hooks import GraphHookBuffers, HookSet
+from worker.engine.graphs.graph_mode import GraphMode
 
 logger = logging.getLogger(__name__)
 

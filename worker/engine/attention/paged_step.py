@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from scheduler.batch import Batch, ScheduledChunk
-from worker.engine.attention_backend import AttentionBackend
-from worker.engine.kv_pool import KVPool
+from worker.engine.attention.backend import AttentionBackend
+from worker.engine.attention.kv_pool import KVPool
 from worker.kernels.cpu_decode_kernel import DecodeStep
 
 if TYPE_CHECKING:
-    from worker.engine.triton_step import TritonStep
+    from worker.engine.attention.triton_step import TritonStep
 
 GROUP_GROWTH = 1.5
 MIN_GROUP_SIZE = 4  # below this, another attention call costs more than the padding it saves
@@ -249,6 +249,6 @@ def _flash_metadata(chunks: list[ScheduledChunk], device: torch.device) -> Flash
 def _triton_step(
     chunks: list[ScheduledChunk], slot_mapping: torch.Tensor, kv_pool: KVPool, device: torch.device
 ) -> TritonStep:
-    from worker.engine.triton_step import build_triton_step  # imports triton: only on workers that run it
+    from worker.engine.attention.triton_step import build_triton_step  # imports triton: only on workers that run it
 
     return build_triton_step(chunks, slot_mapping, kv_pool, device)

@@ -58,7 +58,7 @@ class KVPool:
     ) -> None:
         self.num_blocks = num_blocks  # the blocks requests may hold
         # One more block past them that no request ever holds: the padding rows of a CUDA graph's decode step write
-        # their K/V there and attend only to it (worker/engine/decode_buffers.py).
+        # their K/V there and attend only to it (worker/engine/graphs/decode_buffers.py).
         self.scratch_block = num_blocks if has_scratch_block else None
         self._num_allocated_blocks = num_blocks + int(has_scratch_block)
         self.block_size = block_size

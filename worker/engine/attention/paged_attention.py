@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from worker.engine.kv_pool import KVPool
-from worker.engine.paged_step import PagedStep
+from worker.engine.attention.kv_pool import KVPool
+from worker.engine.attention.paged_step import PagedStep
 
 SDPA_BACKEND = "steerbatch_paged_sdpa"
 FLASH_BACKEND = "steerbatch_paged_flash"

@@ -15,9 +15,9 @@ from array import array
 import torch
 
 from scheduler.batch import ScheduledChunk
-from worker.engine.kv_pool import KVPool
-from worker.engine.paged_step import PagedStep
-from worker.engine.triton_step import TritonDecodeRows, TritonStep
+from worker.engine.attention.kv_pool import KVPool
+from worker.engine.attention.paged_step import PagedStep
+from worker.engine.attention.triton_step import TritonDecodeRows, TritonStep
 
 TOKEN, POSITION, SLOT, CONTEXT_LEN = range(4)  # the rows of DecodeBuffers.meta
 
