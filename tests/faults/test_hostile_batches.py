@@ -13,6 +13,7 @@ import sqlalchemy
 
 from scripts.stack import Stack
 from tests.faults.raw_json import with_field, with_raw
+from tests.faults.test_hostile_bodies import past_the_prompt_bound
 from tests.service.batch_helpers import CHAT_URL, chat_line, client_for, read_jsonl, wait_for_end
 from tests.service.http import auth
 
@@ -68,7 +69,7 @@ def test_each_hostile_line_becomes_its_own_error_and_the_batch_runs(stack: Stack
         raw_line("utf8", body).replace(b'"hi"', b'"\xed\xa0\x80"'),  # a surrogate's UTF-8 bytes: not UTF-8
         line(stack, "x" * 600),
         line(stack, "ok"),
-        line(stack, "long", messages=[{"role": "user", "content": "x" * 100_000}]),
+        line(stack, "long", messages=[{"role": "user", "content": "x" * past_the_prompt_bound()}]),
         line(stack, "ok-2"),
     ]
     expected_errors = {

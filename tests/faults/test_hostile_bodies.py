@@ -5,6 +5,7 @@ types, sizes (413, chunked too), prompts that cannot fit, URL parts, and the err
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 from collections.abc import Callable, Iterator
@@ -14,8 +15,11 @@ import pytest
 import redis
 import requests
 import sqlalchemy
+from transformers import PreTrainedTokenizerFast
 
+from api.prompt_bounds import prompt_char_limit
 from scripts.stack import Stack
+from tasks.config import REPO_ROOT
 from tests.faults.raw_json import with_field, with_raw
 from tests.service.http import auth
 
@@ -51,6 +55,17 @@ def completion(model: str, raw: str = "", **fields: object) -> bytes:
 def chat_content(model: str, raw_content: str) -> bytes:
     """A chat body whose message content is the raw JSON string text `raw_content` (escapes as written)."""
     return with_raw({"model": model, "messages": [{"role": "user", "content": "@c@"}]}, c=f'"{raw_content}"')
+
+
+@functools.cache
+def past_the_prompt_bound() -> int:
+    """One character more than the api's prompt bound for the tiny model the stack serves."""
+    model_dir = REPO_ROOT / "models" / "tiny"
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    tokenizer.model_max_length = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    limit = prompt_char_limit(tokenizer)
+    assert limit is not None
+    return limit + 1
 
 
 CASES = [
@@ -109,10 +124,10 @@ CASES = [
          "input_file_id", "invalid_string"),
     # sizes
     Case("10 MB message", CHAT, lambda m: chat_content(m, "a" * (10 * MB)), 413, None, "request_too_large"),
-    Case("prompt longer than the context can be", COMPLETIONS, lambda m: completion(m, prompt="ab" * 50_000), 400,
-         "prompt", "context_length_exceeded"),
-    Case("message longer than the context can be", CHAT, lambda m: chat_content(m, "x" * 100_000), 400, "messages",
-         "context_length_exceeded"),
+    Case("prompt longer than the context can be", COMPLETIONS,
+         lambda m: completion(m, prompt="a" * past_the_prompt_bound()), 400, "prompt", "context_length_exceeded"),
+    Case("message longer than the context can be", CHAT, lambda m: chat_content(m, "x" * past_the_prompt_bound()),
+         400, "messages", "context_length_exceeded"),
 ]  # fmt: skip
 
 
