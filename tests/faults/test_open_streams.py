@@ -84,5 +84,7 @@ async def hold_streams_and_probe(base_url: str) -> tuple[int, list[float], float
 def test_a_thousand_open_streams_leave_health_and_admission_quick(api: Config) -> None:
     opened, health_s, new_request_s, new_status = asyncio.run(hold_streams_and_probe(f"http://{api.host}:{api.port}"))
     assert opened == NUM_STREAMS
-    assert statistics.quantiles(health_s, n=100)[98] < 0.1, f"/health p99 {max(health_s):.3f} s"
-    assert new_status == 200 and new_request_s < 1.0, f"a new request waited {new_request_s:.2f} s"
+    # bounds a frozen api misses by seconds (a thread per stream left /health waiting 20 s), loose enough for a shared
+    # 2-core CI machine; the quiet machine's p99 was under 100 ms (docs/RELIABILITY.md)
+    assert statistics.quantiles(health_s, n=100)[98] < 1.0, f"/health p99 {max(health_s):.3f} s"
+    assert new_status == 200 and new_request_s < 2.0, f"a new request waited {new_request_s:.2f} s"

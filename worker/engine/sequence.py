@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from xgrammar import CompiledGrammar
 
 from scheduler.request import Request
 from tasks.steering_messages import MonitoredPosition
@@ -15,6 +15,9 @@ from worker.engine.grammar.matcher import RowGrammar
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
 from worker.engine.sampler import SamplingRow
 from worker.steering.request_sae import RequestSAE
+
+if TYPE_CHECKING:  # xgrammar loads with the first grammar
+    from xgrammar import CompiledGrammar
 
 
 @dataclass

@@ -8,12 +8,14 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING
 
-import xgrammar as xgr
 from transformers import PreTrainedTokenizerFast
 
 from tasks.grammar_messages import GrammarSpec
-from worker.engine.grammar.sources import compile_spec
+
+if TYPE_CHECKING:  # xgrammar loads with the first grammar: a worker (or the GPU check) without one never needs it
+    import xgrammar as xgr
 
 XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")  # "[16:39:53] /project/cpp/x.cc:83: " of its errors
 NUM_COMPILE_THREADS = 2  # a pathological grammar holds one; the other keeps compiling the rest
@@ -87,9 +89,13 @@ class GrammarCompiler:
             if self._compiler is None:
                 self._compiler = self._new_compiler()
             compiler = self._compiler
+        from worker.engine.grammar.sources import compile_spec  # imports xgrammar
+
         return compile_spec(compiler, spec)
 
     def _new_compiler(self) -> xgr.GrammarCompiler:
+        import xgrammar as xgr
+
         tokenizer = PreTrainedTokenizerFast.from_pretrained(self._tokenizer_path)
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids

@@ -8,16 +8,27 @@ fill, off the engine thread.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
-_batch_matcher = xgr.BatchGrammarMatcher(max_threads="auto")
+if TYPE_CHECKING:  # xgrammar loads only where a grammar runs: a worker (or the GPU check) without one never needs it
+    import xgrammar as xgr
+
+
+@functools.cache
+def _batch_matcher() -> xgr.BatchGrammarMatcher:
+    import xgrammar as xgr
+
+    return xgr.BatchGrammarMatcher(max_threads="auto")
 
 
 class RowGrammar:
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+        import xgrammar as xgr
+
         self.matcher = xgr.GrammarMatcher(compiled)
         self.pending_token_id: int | None = None  # appended, not yet taken by the matcher
         self.refused_token_id: int | None = None  # a token the matcher refused (masked sampling never picks one)
@@ -26,6 +37,8 @@ class RowGrammar:
 def fill_bitmasks(grammars: list[RowGrammar], vocab_size: int) -> torch.Tensor:
     """Each grammar takes its pending token, then the allowed next tokens of each, [G, ceil(V / 32)] int32 on the
     CPU: bit j of word w allows token 32 w + j."""
+    import xgrammar as xgr
+
     pending = [grammar for grammar in grammars if grammar.pending_token_id is not None]
     if pending:
         token_ids = [grammar.pending_token_id for grammar in pending]
@@ -35,7 +48,7 @@ def fill_bitmasks(grammars: list[RowGrammar], vocab_size: int) -> torch.Tensor:
             if not is_accepted:
                 grammar.refused_token_id = token_id
     bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
-    _batch_matcher.batch_fill_next_token_bitmask([grammar.matcher for grammar in grammars], bitmask)
+    _batch_matcher().batch_fill_next_token_bitmask([grammar.matcher for grammar in grammars], bitmask)
     return bitmask
 
 
