@@ -45,4 +45,6 @@ def sampling_params(info: ModelInfo, fields: GenerationFields, num_prompt_tokens
         logprobs=fields.num_logprobs,
         speculative_method=fields.speculative.method if fields.speculative else None,
         num_speculative_tokens=fields.speculative.num_tokens if fields.speculative else None,
+        skip_special_tokens=fields.skip_special_tokens,
+        include_stop_str_in_output=fields.include_stop_str_in_output,
     )

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from api.openai_extras import ChatTemplateFields, DetokenizeFields, OpenAIExtras
 from api.steering_schemas import MonitorBody, SteeringBody
 from api.structured_schemas import StrictModel, StructuredFields, ToolCallBody, ToolFields
 
@@ -56,7 +57,7 @@ class SpeculativeBody(StrictModel):
     num_tokens: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
 
 
-class GenerationFields(StructuredFields):
+class GenerationFields(StructuredFields, OpenAIExtras, DetokenizeFields):
     """Fields shared by chat and completions, OpenAI's and vLLM's extra sampling parameters (and vLLM's
     structured-output constraints)."""
 
@@ -115,7 +116,7 @@ class GenerationFields(StructuredFields):
         return None
 
 
-class ChatCompletionRequest(GenerationFields, ToolFields):
+class ChatCompletionRequest(GenerationFields, ToolFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False

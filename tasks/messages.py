@@ -42,6 +42,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
     speculative_method: str | None = None  # "ngram", "draft", "self" or "none"; None: the worker's default
     num_speculative_tokens: int | None = None  # most tokens proposed per step; None: the worker's default
+    skip_special_tokens: bool = True  # vLLM's: special tokens produce no text
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string, or the stop token's text, ends the text
 
     @property
     def is_greedy(self) -> bool:

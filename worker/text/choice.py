@@ -68,7 +68,7 @@ class Choice:
         self.num_accepted_tokens = max(self.num_accepted_tokens, output.num_accepted_tokens)
         entries = logprob_entries(tokenizer, output.logprobs)
         self.logprobs.extend(entries)
-        text = self.text_stream.push(output.new_token_ids)
+        text = self.text_stream.push(output.new_token_ids, output.finish_reason == FinishReason.STOP)
         if self.text_stream.is_stopped:
             self.finish_reason = FinishReason.STOP
         elif output.finish_reason is not None:
@@ -128,7 +128,7 @@ def start_choice(
         monitor=monitor,
         grammar=request.grammar,
     )
-    text_stream = TextStream(tokenizer, request.prompt_token_ids, sampling.stop)
+    text_stream = TextStream(tokenizer, request.prompt_token_ids, sampling)
     parser = request.tool_parser
     tool_calls = None if parser is None else ToolCallStream(parser, f"{request.request_id}:{index}")
     choice = Choice(index, choice_id, text_stream, wants_logprobs=sampling.logprobs is not None, tool_calls=tool_calls)

@@ -20,13 +20,18 @@ PROMPT_CONTEXT_TOKENS = 5
 
 
 class IncrementalDetokenizer:
-    """One per request; special tokens (EOS included) produce no text."""
+    """One per request; special tokens (EOS included) produce no text unless `skip_special_tokens` is false."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | Tokenizer, prompt_ids: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | Tokenizer,
+        prompt_ids: list[int] | None = None,
+        skip_special_tokens: bool = True,
+    ) -> None:
         self._backend = backend_of(tokenizer)
         # The prompt's tail as context: SentencePiece-style decoders drop the leading space of a first token.
         context = list(prompt_ids or [])[-PROMPT_CONTEXT_TOKENS:]
-        self._stream = DecodeStream(ids=context, skip_special_tokens=True)
+        self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
 
     def push(self, token_ids: list[int]) -> str:
         """Returns the text completed by these tokens; bytes of an unfinished character wait for the next push."""

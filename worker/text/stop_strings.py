@@ -4,12 +4,14 @@ from __future__ import annotations
 
 
 class StopStringMatcher:
-    """One per request. The emitted text ends just before the first stop string, which is itself never emitted."""
+    """One per request. The emitted text ends just before the first stop string, or just after it when
+    `include_stop` is true (vLLM's include_stop_str_in_output)."""
 
-    def __init__(self, stops: tuple[str, ...]) -> None:
+    def __init__(self, stops: tuple[str, ...], include_stop: bool = False) -> None:
         if any(not stop for stop in stops):
             raise ValueError("stop strings must not be empty")
         self._stops = stops
+        self._include_stop = include_stop
         self._held = ""
         self.is_stopped = False
 
@@ -22,7 +24,7 @@ class StopStringMatcher:
         if stop_at is not None:
             self._held = ""
             self.is_stopped = True
-            return text[:stop_at], True
+            return text[: stop_at[1] if self._include_stop else stop_at[0]], True
         num_held = self._longest_partial_stop(text)
         self._held = text[len(text) - num_held :]
         return text[: len(text) - num_held], False
@@ -32,9 +34,10 @@ class StopStringMatcher:
         held, self._held = self._held, ""
         return held
 
-    def _find_first_stop(self, text: str) -> int | None:
-        starts = [index for index in (text.find(stop) for stop in self._stops) if index >= 0]
-        return min(starts, default=None)
+    def _find_first_stop(self, text: str) -> tuple[int, int] | None:
+        """Where the first stop string in `text` starts and ends."""
+        found = [(index, index + len(stop)) for stop in self._stops if (index := text.find(stop)) >= 0]
+        return min(found, default=None)
 
     def _longest_partial_stop(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string."""

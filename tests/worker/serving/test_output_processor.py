@@ -92,12 +92,13 @@ def start(
 def followed_request(tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple[str, ...] = ()) -> FollowedRequest:
     request_id = f"cmpl-{uuid.uuid4().hex}"
     prompt = tokenizer.encode("the cat")
-    request = GenerateRequest(request_id, Endpoint.COMPLETIONS, "tiny", prompt, SamplingParams(16, stop=stop), 0, n=n)
+    sampling = SamplingParams(16, stop=stop)
+    request = GenerateRequest(request_id, Endpoint.COMPLETIONS, "tiny", prompt, sampling, 0, n=n)
     followed = FollowedRequest(request, SteeringReport(request_id, None, SteeringSource.REQUEST))
     for index in range(n):
         choice_id = engine_request_id(request, index)
         followed.choices[choice_id] = Choice(
-            index, choice_id, TextStream(tokenizer, prompt, stop), wants_logprobs=False
+            index, choice_id, TextStream(tokenizer, prompt, sampling), wants_logprobs=False
         )
     return followed
 

@@ -77,3 +77,10 @@ def test_completion_keeps_its_leading_space_after_the_prompt() -> None:
     prompt = tokenizer.encode("the cat").ids
     assert IncrementalDetokenizer(tokenizer).push([3]) == "sat"  # no context: the space is lost
     assert IncrementalDetokenizer(tokenizer, prompt).push([3]) == " sat"
+
+
+def test_special_tokens_show_when_not_skipped(tiny_tokenizer: PreTrainedTokenizerBase) -> None:
+    token_ids = [*tiny_tokenizer.encode("a dog", add_special_tokens=False), tiny_tokenizer.eos_token_id]
+    shown = IncrementalDetokenizer(tiny_tokenizer, skip_special_tokens=False).push(token_ids)
+    assert shown == tiny_tokenizer.decode(token_ids) and shown.endswith(tiny_tokenizer.eos_token)
+    assert IncrementalDetokenizer(tiny_tokenizer).push(token_ids) == tiny_tokenizer.decode(token_ids[:-1])

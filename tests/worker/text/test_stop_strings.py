@@ -69,3 +69,9 @@ def test_flush_returns_held_text_when_generation_ends() -> None:
 def test_empty_stop_string_is_rejected() -> None:
     with pytest.raises(ValueError, match="empty"):
         StopStringMatcher(("ok", ""))
+
+
+def test_include_stop_keeps_the_stop_string_and_nothing_after_it() -> None:
+    matcher = StopStringMatcher(("world", "lo w"), include_stop=True)
+    assert feed_all(matcher, ["hel", "lo wor", "ld and more"]) == ("hello w", True)
+    assert feed_all(StopStringMatcher(("END",), include_stop=True), ["a EN", "D b"]) == ("a END", True)
