@@ -108,7 +108,7 @@ def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any], 
     check_model_name(fields.model)
     if isinstance(fields, ChatCompletionRequest):
         tools = tool_plan(info.tokenizer, fields, info.tool_call_parser)
-        prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages, tools.template_tools)
+        prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages, tools.template_tools, fields)
         return build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools)
     prompt_ids = completion_prompt_ids(info.tokenizer, fields.prompt)
     return build_generate_request(info, endpoint, fields, prompt_ids, tenant)

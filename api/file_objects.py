@@ -17,5 +17,5 @@ def file_object(record: FileRecord) -> dict[str, Any]:
         "purpose": record.purpose,
         "status": "processed",
         "status_details": None,
-        "expires_at": None,
+        "expires_at": record.expires_at,
     }

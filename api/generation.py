@@ -14,6 +14,7 @@ from api.auth import current_principal
 from api.client_connection import is_client_gone
 from api.errors import APIError
 from api.prompts import ModelInfo
+from api.request_ids import note_request_id
 from api.request_limits import read_json_object
 from api.responses import StreamMeta, completion_object
 from api.sampling import sampling_params
@@ -81,6 +82,7 @@ def generate(
 ) -> Response:
     tenant = current_principal().tenant
     generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids, tenant, tools)
+    note_request_id(generate_request.request_id)
     record = _record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
 

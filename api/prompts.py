@@ -11,12 +11,14 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from api.errors import APIError
+from api.openai_extras import ChatTemplateFields
 from api.prompt_bounds import check_prompt_chars
 from api.schemas import ChatMessage
 from tasks.config import Config
 from tasks.tool_calls import PARSERS
 
 logger = logging.getLogger(__name__)
+PLAIN_TEMPLATE = ChatTemplateFields()  # a new assistant turn, no extra variables
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,25 @@ def _read_model_config(model: str) -> dict:
 
 
 def chat_prompt_ids(
-    tokenizer: PreTrainedTokenizerFast, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None
+    tokenizer: PreTrainedTokenizerFast,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
+    template: ChatTemplateFields = PLAIN_TEMPLATE,
 ) -> list[int]:
-    """The prompt the model's chat template makes of `messages`, with `tools` offered (HF's `tools=` argument)."""
+    """The prompt the model's chat template makes of `messages`, with `tools` offered (HF's `tools=` argument):
+    opening the assistant's turn, or continuing the final message, with the request's extra template variables."""
     if not tokenizer.chat_template:
         raise APIError(400, "This model has no chat template; use /v1/completions.", param="messages")
     conversation = [_template_message(m) for m in messages]
     try:
-        text = tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            conversation,
+            tools=tools,
+            add_generation_prompt=template.add_generation_prompt,
+            continue_final_message=template.continue_final_message,
+            tokenize=False,
+            **(template.chat_template_kwargs or {}),
+        )
     except Exception as exc:  # the template's own raise_exception() tells the user what it expects
         raise APIError(400, f"The chat template rejected the messages: {exc}", param="messages") from exc
     check_prompt_chars(tokenizer, text, "messages")
@@ -105,10 +118,12 @@ def _arguments(text: str) -> Any:
         return text  # not JSON: the template shows it as it came
 
 
-def completion_prompt_ids(tokenizer: PreTrainedTokenizerFast, prompt: str | list[int]) -> list[int]:
+def completion_prompt_ids(
+    tokenizer: PreTrainedTokenizerFast, prompt: str | list[int], add_special_tokens: bool = True
+) -> list[int]:
     if isinstance(prompt, str):
         check_prompt_chars(tokenizer, prompt, "prompt")
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
     vocab_size = len(tokenizer)
     if any(not 0 <= token < vocab_size for token in prompt):
         raise APIError(400, f"prompt token ids must lie in [0, {vocab_size})", param="prompt")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.completions import choice_logprobs_of, completion_body
+from tasks.completions import choice_logprobs_of, completion_body, service_tier_of
 from tasks.messages import ChoiceResult, Endpoint, EventType, StreamEvent, Usage, UsageDetails
 from tasks.models import RequestRecord
 
@@ -58,6 +58,7 @@ def request_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
         "model": record.model,
         "status": record.status,
         "created": record.created,
+        "metadata": record.body.get("metadata"),  # as the request gave it (OpenAI's stored completions return it)
         "response": completion_object(record, tool_parser) if result is not None and result.error is None else None,
         "error": result.error if result is not None else None,
     }
@@ -119,4 +120,10 @@ def _chunk(
 
 def _envelope(meta: StreamMeta) -> dict[str, Any]:
     object_name = "chat.completion.chunk" if meta.endpoint == Endpoint.CHAT else "text_completion"
-    return {"id": meta.request_id, "object": object_name, "created": meta.created, "model": meta.model}
+    return {
+        "id": meta.request_id,
+        "object": object_name,
+        "created": meta.created,
+        "model": meta.model,
+        **service_tier_of(meta.endpoint),
+    }

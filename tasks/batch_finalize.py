@@ -92,7 +92,9 @@ def fail_validation(session: Session, batch_id: str, error: dict[str, Any]) -> b
 
 def _write_files(session: Session, batch_id: str) -> dict[str, str]:
     """The batch's output and error files, added to the session; their ids by the batch column that names them."""
-    tenant = session.scalar(select(BatchRecord.tenant).where(BatchRecord.id == batch_id))  # owns the files too
+    tenant, expires_after_s = session.execute(
+        select(BatchRecord.tenant, BatchRecord.output_expires_after_s).where(BatchRecord.id == batch_id)
+    ).one()  # the batch's tenant owns its files too
     lines = session.scalars(select(BatchLine).where(BatchLine.batch_id == batch_id).order_by(BatchLine.line_no)).all()
     outputs = [output_line(line) for line in lines if line.status == LineStatus.COMPLETED.value]
     errors = [error_line(line) for line in lines if line.status != LineStatus.COMPLETED.value]
@@ -109,6 +111,7 @@ def _write_files(session: Session, batch_id: str) -> dict[str, str]:
                 bytes=len(content),
                 created_at=now,
                 content=content,
+                expires_at=None if expires_after_s is None else now + expires_after_s,
             )
             session.add(file)
             file_ids[column] = file.id

@@ -44,7 +44,10 @@ OPEN_LINE_VALUES = tuple(status.value for status in OPEN_LINE_STATUSES)
 
 class FileRecord(Base):
     __tablename__ = "files"
-    __table_args__ = (UniqueConstraint("tenant", "idempotency_key", name="uq_files_tenant_idempotency_key"),)
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_files_tenant_idempotency_key"),
+        Index("ix_files_tenant_created_at", "tenant", "created_at", "id"),  # a tenant's files, in either order
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT)
@@ -57,6 +60,8 @@ class FileRecord(Base):
     content: Mapped[bytes] = deferred(mapped_column(LargeBinary, nullable=False))
     idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)  # unique per tenant
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # unix seconds; None: kept until deleted. The reaper deletes an expired file, row and bytes.
+    expires_at: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
 
 
 class BatchRecord(Base):
@@ -91,6 +96,8 @@ class BatchRecord(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # unix seconds; while validating, the api validating it renews this, and the reaper fails it once it lapses
     validation_lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # OpenAI's output_expires_after: the output and error files expire this long after they are written; None: kept
+    output_expires_after_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     @property
     def is_finished(self) -> bool:

@@ -1,5 +1,6 @@
 """One pass of the batch reaper: lapsed leases back to the queue (or failed after `batch_max_attempts`), lost
-dispatches redispatched, due batches expired, finished batches closed, and the dispatch window refilled.
+dispatches redispatched, due batches expired, finished batches closed, the dispatch window refilled, and expired
+files deleted.
 
 Every step is a conditional UPDATE, so any number of reapers (one per worker) may run at once."""
 
@@ -21,6 +22,7 @@ from tasks.batch_output import WORKER_LOST
 from tasks.batch_store import dispatch_chunks, stop_waiting_lines
 from tasks.config import Config
 from tasks.db import SessionFactory
+from tasks.file_expiry import delete_expired_files
 
 logger = logging.getLogger(__name__)
 VALIDATION_TIMEOUT_S = 600  # a batch validating this long with no lease (made before leases) had its api die
@@ -52,6 +54,7 @@ def reap_once(sessions: SessionFactory, client: redis.Redis, config: Config, enq
             if finalize_if_done(session, batch_id):
                 publish_status(client, config, session, batch_id)
         dispatch_and_enqueue(session, config, enqueue)
+        delete_expired_files(session, int(now))
 
 
 def dispatch_and_enqueue(session: Session, config: Config, enqueue: Enqueue) -> None:

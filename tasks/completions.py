@@ -37,8 +37,14 @@ def completion_body(
         "choices": [_choice_object(endpoint, choice, request_id, tool_parser) for choice in choices],
         "usage": usage.to_dict(),
         "system_fingerprint": None,
+        **service_tier_of(endpoint),
         **reports,
     }
+
+
+def service_tier_of(endpoint: Endpoint) -> dict[str, str]:
+    """Chat's `service_tier`: every request is served alike, whatever tier it asked for."""
+    return {"service_tier": "default"} if endpoint == Endpoint.CHAT else {}
 
 
 def _choice_object(

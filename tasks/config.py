@@ -96,6 +96,9 @@ class Config:
     # goes; a batch still validating past it (its api died) is failed by the reaper, each line accounted for.
     batch_validation_lease_s: float = 60.0
     batch_reaper_interval_s: float = 5.0  # how often each worker's reaper returns lapsed leases and expires batches
+    # The shortest `expires_after` a file (or a batch's `output_expires_after`) may ask for; OpenAI's is an hour.
+    # Expired files are deleted by the same reaper.
+    file_expiry_min_s: int = 3600
     # SAE steering and monitoring
     sae_root: str = str(REPO_ROOT / "models" / "saes")  # SAE ids are folders relative to it
     steering_vector_root: str = str(REPO_ROOT / "models" / "vectors")  # a steering vector's `path` is relative to it

@@ -17,6 +17,7 @@ from api.batch_relay import batch_frames
 from api.batch_validation import batch_validator
 from api.blueprints.files import find_file
 from api.errors import APIError
+from api.file_expiry import ExpiresAfter, checked_expiry_s
 from api.generation import json_body
 from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
 from api.schemas import StrictModel
@@ -40,6 +41,7 @@ class BatchCreate(StrictModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    output_expires_after: ExpiresAfter | None = None  # the output and error files expire this long after written
 
 
 @bp.post("/v1/batches")
@@ -50,6 +52,7 @@ def create_batch() -> Response:
         raise APIError(400, f"endpoint must be one of {sorted(URL_ENDPOINTS)}", param="endpoint")
     if create.completion_window not in COMPLETION_WINDOWS:
         raise APIError(400, f"completion_window must be one of {sorted(COMPLETION_WINDOWS)}", param="completion_window")
+    checked_expiry_s(create.output_expires_after, services().config, "output_expires_after")
     key = idempotency_key()
     digest = request_hash(json.dumps(body, sort_keys=True).encode())
     if key is not None and (earlier := _by_key(key)) is not None:
@@ -87,6 +90,7 @@ def _record_validating(create: BatchCreate, key: str | None, digest: str) -> tup
         idempotency_key=key,
         request_hash=digest,
         validation_lease_expires_at=now + services().config.batch_validation_lease_s,
+        output_expires_after_s=create.output_expires_after.seconds if create.output_expires_after else None,
     )
     stored = commit_once(batch, key, digest, _by_key)
     logger.info("batch %s from key %s (tenant %s)", stored.id, principal.key_name, principal.tenant)

@@ -21,5 +21,5 @@ def create_chat_completion() -> Response:
     check_model_name(chat.model)
     info = services().model_info
     tools = tool_plan(info.tokenizer, chat, info.tool_call_parser)
-    prompt_ids = chat_prompt_ids(info.tokenizer, chat.messages, tools.template_tools)
+    prompt_ids = chat_prompt_ids(info.tokenizer, chat.messages, tools.template_tools, chat)
     return generate(Endpoint.CHAT, chat, prompt_ids, body, tools)

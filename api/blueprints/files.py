@@ -1,4 +1,4 @@
-"""POST /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content, DELETE /v1/files/{id}"""
+"""POST /v1/files, GET /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content, DELETE /v1/files/{id}"""
 
 from __future__ import annotations
 
@@ -6,20 +6,24 @@ import logging
 import time
 
 from flask import Blueprint, Response, jsonify, request
-from sqlalchemy import select
+from sqlalchemy import literal, select, tuple_
 
 from api.auth import current_principal
 from api.body_checks import unsafe_text_reason
 from api.errors import APIError
+from api.file_expiry import checked_expiry_s, form_expires_after
 from api.file_objects import file_object
 from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
 from api.services import db_session, services
 from tasks.batch_models import FileRecord
 from tasks.batch_store import new_id
+from tasks.file_expiry import is_live, live_files
 
 logger = logging.getLogger(__name__)
 bp = Blueprint("files", __name__)
 UPLOAD_PURPOSES = ("batch",)
+MAX_LIST_LIMIT = 10_000  # OpenAI's bound and default
+LIST_ORDERS = ("asc", "desc")
 MAX_FILENAME_LENGTH = 512  # the files.filename column
 
 
@@ -36,19 +40,23 @@ def create_file() -> Response:
     if len(content) > max_bytes:
         raise APIError(413, f"The file is larger than {max_bytes} bytes.", param="file", code="file_too_large")
     filename = _checked_filename(upload.filename or "upload.jsonl")
+    expiry_s = checked_expiry_s(form_expires_after(request.form), services().config, "expires_after")
     key = idempotency_key()
-    digest = request_hash(purpose.encode(), filename.encode(), content)
+    expiry_part = () if expiry_s is None else (str(expiry_s).encode(),)
+    digest = request_hash(purpose.encode(), filename.encode(), content, *expiry_part)
     principal = current_principal()
+    now = int(time.time())
     record = FileRecord(
         id=new_id("file-"),
         tenant=principal.tenant,
         purpose=purpose,
         filename=filename,
         bytes=len(content),
-        created_at=int(time.time()),
+        created_at=now,
         content=content,
         idempotency_key=key,
         request_hash=digest,
+        expires_at=None if expiry_s is None else now + expiry_s,
     )
     stored = _store_once(record, key, digest)
     logger.info("file %s from key %s (tenant %s)", stored.id, principal.key_name, principal.tenant)
@@ -77,11 +85,42 @@ def _by_key(key: str) -> FileRecord | None:
 
 
 def find_file(file_id: str) -> FileRecord:
-    """The caller's file; another tenant's gets the same 404 as a missing one."""
+    """The caller's file; another tenant's, or one expired and not yet reaped, gets the same 404 as a missing one."""
     record = db_session().get(FileRecord, file_id)
-    if record is None or record.tenant != current_principal().tenant:
+    if record is None or record.tenant != current_principal().tenant or not is_live(record, int(time.time())):
         raise APIError(404, f"No such File object: {file_id}", param="id", code="not_found")
     return record
+
+
+@bp.get("/v1/files")
+def list_files() -> Response:
+    """The caller's files as OpenAI pages them: newest first (`order=desc`) or oldest, `limit` after the file `after`,
+    of one `purpose` if given."""
+    limit = request.args.get("limit", MAX_LIST_LIMIT, type=int)
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise APIError(400, f"limit must lie in [1, {MAX_LIST_LIMIT}]", param="limit")
+    order = request.args.get("order", "desc")
+    if order not in LIST_ORDERS:
+        raise APIError(400, f"order must be one of {list(LIST_ORDERS)}", param="order")
+    query = select(FileRecord).where(FileRecord.tenant == current_principal().tenant, live_files(int(time.time())))
+    if purpose := request.args.get("purpose"):
+        query = query.where(FileRecord.purpose == purpose)
+    position = tuple_(FileRecord.created_at, FileRecord.id)
+    if after := request.args.get("after"):
+        cursor = find_file(after)
+        after_cursor = tuple_(literal(cursor.created_at), literal(cursor.id))
+        query = query.where(position > after_cursor if order == "asc" else position < after_cursor)
+    ordering = (
+        (FileRecord.created_at, FileRecord.id)
+        if order == "asc"
+        else (FileRecord.created_at.desc(), FileRecord.id.desc())
+    )
+    files = list(db_session().scalars(query.order_by(*ordering).limit(limit + 1)))
+    data = [file_object(record) for record in files[:limit]]
+    first_id, last_id = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return jsonify(
+        {"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": len(files) > limit}
+    )
 
 
 @bp.get("/v1/files/<file_id>")
