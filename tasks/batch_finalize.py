@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from tasks.batch_models import OPEN_LINE_VALUES, BatchLine, BatchRecord, BatchStatus, FileRecord, LineStatus
 from tasks.batch_output import error_line, output_line, render_jsonl
-from tasks.batch_store import count_open_lines, new_id, stop_status
+from tasks.batch_store import count_open_lines, new_sortable_id, stop_status
 
 OUTPUT_PURPOSE = "batch_output"
 CLOSED_AT = {
@@ -104,7 +104,7 @@ def _write_files(session: Session, batch_id: str) -> dict[str, str]:
         if rows:
             content = render_jsonl(rows)
             file = FileRecord(
-                id=new_id("file-"),
+                id=new_sortable_id("file-"),
                 tenant=tenant,
                 purpose=OUTPUT_PURPOSE,
                 filename=f"{batch_id}_{suffix}.jsonl",

@@ -20,6 +20,7 @@ from api.errors import APIError
 from api.file_expiry import ExpiresAfter, checked_expiry_s
 from api.generation import json_body
 from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
+from api.pages import cursor_page
 from api.schemas import StrictModel
 from api.services import db_session, services
 from api.sse import last_event_id, sse_response
@@ -130,10 +131,7 @@ def list_batches() -> Response:
     session = db_session()
     batches = list(session.scalars(query))
     data = [batch_object(session, batch) for batch in batches[:limit]]
-    first_id, last_id = (data[0]["id"], data[-1]["id"]) if data else (None, None)
-    return jsonify(
-        {"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": len(batches) > limit}
-    )
+    return jsonify(cursor_page(data, has_more=len(batches) > limit))
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")

@@ -14,9 +14,10 @@ from api.errors import APIError
 from api.file_expiry import checked_expiry_s, form_expires_after
 from api.file_objects import file_object
 from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
+from api.pages import cursor_page
 from api.services import db_session, services
 from tasks.batch_models import FileRecord
-from tasks.batch_store import new_id
+from tasks.batch_store import new_sortable_id
 from tasks.file_expiry import is_live, live_files
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def create_file() -> Response:
     principal = current_principal()
     now = int(time.time())
     record = FileRecord(
-        id=new_id("file-"),
+        id=new_sortable_id("file-"),
         tenant=principal.tenant,
         purpose=purpose,
         filename=filename,
@@ -117,10 +118,7 @@ def list_files() -> Response:
     )
     files = list(db_session().scalars(query.order_by(*ordering).limit(limit + 1)))
     data = [file_object(record) for record in files[:limit]]
-    first_id, last_id = (data[0]["id"], data[-1]["id"]) if data else (None, None)
-    return jsonify(
-        {"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": len(files) > limit}
-    )
+    return jsonify(cursor_page(data, has_more=len(files) > limit))
 
 
 @bp.get("/v1/files/<file_id>")
