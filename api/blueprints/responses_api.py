@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
+from sqlalchemy.orm import Session
 
 from api.auth import current_principal
 from api.errors import APIError
@@ -146,19 +147,20 @@ def _object(record: ResponseRecord) -> dict[str, Any]:
     return response_object(record, services().config.tool_call_parser)
 
 
-def _reload(response_id: str) -> ResponseRecord:
-    """The response as SQL has it now (the worker writes the result from another process)."""
-    session = db_session()
+def _reload(response_id: str, session: Session | None = None) -> ResponseRecord:
+    """The response as SQL has it now (the worker writes the result from another process), its request and result
+    loaded, so it can be read after `session` closes."""
+    session = session or db_session()
     session.expire_all()
     record = session.get(ResponseRecord, response_id)
     assert record is not None, "only DELETE removes a stored response"
     return record
 
 
-def _forget(response_id: str) -> None:
+def _forget(response_id: str, session: Session | None = None) -> None:
     """store false: nothing stays once the response has ended."""
-    record = _reload(response_id)
-    delete_response(db_session(), record)
+    session = session or db_session()
+    delete_response(session, _reload(response_id, session))
 
 
 def _wait(record: ResponseRecord) -> Response:
@@ -183,9 +185,14 @@ def _stream(record: ResponseRecord, after: int) -> Response:
 
     stop = (lambda: None) if record.background else cancel
 
-    def frames() -> Iterator[str]:
-        yield from response_frames(record, after, lambda: _reload(response_id), on_timeout=stop)
+    def load() -> ResponseRecord:
+        with services().sessions() as session:
+            return _reload(response_id, session)
+
+    def frames() -> Iterator[str]:  # runs after the view returned: its own sessions, not the request's
+        yield from response_frames(load(), after, load, on_timeout=stop)
         if not is_stored:
-            _forget(response_id)
+            with services().sessions() as session:
+                _forget(response_id, session)
 
     return sse_response(frames(), on_abandon=None if record.background else cancel)
