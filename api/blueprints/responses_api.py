@@ -30,7 +30,7 @@ from api.responses_stream import FROM_START, response_frames, starting_after
 from api.services import db_session, services
 from api.sse import sse_response
 from api.tools import tool_plan
-from tasks.messages import Endpoint
+from tasks.messages import Endpoint, GenerateRequest
 from tasks.response_models import ResponseRecord
 from tasks.response_store import create_response, delete_response, get_owned_response
 from tasks.streams import RedisKeys, wait_for_final
@@ -48,15 +48,7 @@ def create() -> Response:
     if create_request.background and not create_request.store:
         raise APIError(400, "A background response must be stored: store cannot be false.", param="background")
     items = _conversation(create_request.previous_response_id) + create_request.input
-    info = services().model_info
-    with responses_params():
-        chat = chat_request(create_request, items)
-        tools = tool_plan(info.tokenizer, chat, info.tool_call_parser)
-        prompt_ids = chat_prompt_ids(info.tokenizer, chat.messages, tools.template_tools)
-        generate_request = build_generate_request(
-            info, Endpoint.CHAT, chat, prompt_ids, current_principal().tenant, tools
-        )
-    request_record = record_and_enqueue(generate_request, body)
+    request_record = record_and_enqueue(_generate_request(create_request, items), body)
     record = ResponseRecord(
         id="resp_" + uuid.uuid4().hex,
         tenant=request_record.tenant,
@@ -76,6 +68,16 @@ def create() -> Response:
     if create_request.background:
         return jsonify(_object(record))
     return _wait(record)
+
+
+def _generate_request(create_request: ResponseCreateRequest, items: list[Any]) -> GenerateRequest:
+    """The worker's request, built and checked as chat's is; its 400s name the caller's fields."""
+    info = services().model_info
+    with responses_params():
+        chat = chat_request(create_request, items)
+        tools = tool_plan(info.tokenizer, chat, info.tool_call_parser)
+        prompt_ids = chat_prompt_ids(info.tokenizer, chat.messages, tools.template_tools)
+        return build_generate_request(info, Endpoint.CHAT, chat, prompt_ids, current_principal().tenant, tools)
 
 
 @bp.get("/v1/responses/<response_id>")
