@@ -16,6 +16,7 @@ from api.blueprints import (
     health,
     models,
     requests,
+    responses_api,
     saes,
     steering,
     tokenize,
@@ -49,7 +50,20 @@ def create_app(config: Config | None = None) -> Flask:
         model_info=load_model_info(config),
         started_at=int(time.time()),
     )
-    blueprints = (chat, completions, models, requests, files, batches, health, saes, steering, tokenize, version)
+    blueprints = (
+        chat,
+        completions,
+        models,
+        requests,
+        files,
+        batches,
+        health,
+        saes,
+        steering,
+        tokenize,
+        version,
+        responses_api,
+    )
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
     app.before_request(authenticate)  # every route but /health (DESIGN rule 7)

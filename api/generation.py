@@ -83,11 +83,11 @@ def generate(
     tenant = current_principal().tenant
     generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids, tenant, tools)
     note_request_id(generate_request.request_id)
-    record = _record_and_enqueue(generate_request, body)
+    record = record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
 
 
-def _record_and_enqueue(generate_request: GenerateRequest, body: dict) -> RequestRecord:
+def record_and_enqueue(generate_request: GenerateRequest, body: dict) -> RequestRecord:
     svc = services()
     svc.redis.ping()  # Redis down: 503 before anything is written
     session = db_session()
@@ -152,6 +152,11 @@ def _stream(record: RequestRecord) -> Response:
 
 
 def _wait(record: RequestRecord) -> Response:
+    return jsonify(completion_object(wait_for_finished(record), services().config.tool_call_parser))
+
+
+def wait_for_finished(record: RequestRecord) -> RequestRecord:
+    """The request once it has ended well; an APIError with its own error otherwise (504 when it timed out)."""
     svc = services()
     key = RedisKeys(svc.config.redis_prefix).request_stream(record.id)
 
@@ -180,9 +185,10 @@ def _wait(record: RequestRecord) -> Response:
     if finished is None or finished.result is None:
         raise APIError(500, "The result was not recorded.", type="server_error")
     if finished.result.error is not None:
-        error = finished.result.error
-        return jsonify({"error": error}), ERROR_STATUS.get(error.get("type"), 500)
-    return jsonify(completion_object(finished, svc.config.tool_call_parser))
+        error = ErrorInfo.from_dict(finished.result.error)
+        status = ERROR_STATUS.get(error.type, 500)
+        raise APIError(status, error.message, type=error.type, param=error.param, code=error.code)
+    return finished
 
 
 def json_body() -> dict:

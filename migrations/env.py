@@ -7,7 +7,8 @@ from logging.config import fileConfig
 from alembic import context
 
 import tasks.api_keys  # registers the keys table on Base.metadata
-import tasks.batch_models  # noqa: F401  (registers the Batch API tables on Base.metadata)
+import tasks.batch_models  # registers the Batch API tables on Base.metadata
+import tasks.response_models  # noqa: F401  (registers the Responses API table on Base.metadata)
 from tasks.config import Config
 from tasks.db import make_db_engine
 from tasks.models import Base

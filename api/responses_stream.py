@@ -1,0 +1,80 @@
+"""A response's typed events as Server-Sent Events: `event: <type>`, `id: <sequence_number>`, `data: <event>`.
+
+They are made from the request's Redis stream, read from its start through the stream hub (tasks/streams.py
+follow_events), so a client resumes with `starting_after` (or Last-Event-ID) and is sent exactly the events after
+it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import redis
+from flask import request
+
+from api.errors import APIError
+from api.responses_events import ResponseEvents
+from api.services import services
+from api.sse import sse_frame
+from tasks.messages import ErrorInfo
+from tasks.orphans import fail_if_orphaned
+from tasks.response_models import ResponseRecord
+from tasks.streams import STREAM_START, DeadlinePassed, RedisKeys, follow_events
+
+logger = logging.getLogger(__name__)
+FROM_START = -1  # no event sent yet
+TIMED_OUT = ErrorInfo("The response timed out.", "timeout", None, "timeout")
+INTERRUPTED = ErrorInfo(
+    "The event stream was interrupted; resume with starting_after.", "service_unavailable", None, "service_unavailable"
+)
+
+
+def starting_after() -> int:
+    """Where a resuming client left off: ?starting_after=N, or an EventSource's Last-Event-ID."""
+    value = request.args.get("starting_after") or request.headers.get("Last-Event-ID")
+    if value is None:
+        return FROM_START
+    if not value.isdigit() or len(value) > 18:
+        raise APIError(400, "starting_after must be a sequence number (an integer >= 0).", param="starting_after")
+    return int(value)
+
+
+def event_frame(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\n" + sse_frame(json.dumps(event), str(event["sequence_number"]))
+
+
+def response_frames(
+    record: ResponseRecord, after: int, load: Callable[[], ResponseRecord], on_timeout: Callable[[], None]
+) -> Iterator[str]:
+    """Frames of the events numbered after `after`, through the response's terminal event; a comment whenever the
+    heartbeat passes quietly (and at once, so the client has the headers before the first token)."""
+    svc = services()
+    events = ResponseEvents(record, svc.config.tool_call_parser, load)
+
+    def after_resume_point(typed: list[dict[str, Any]]) -> Iterator[str]:
+        yield from (event_frame(event) for event in typed if event["sequence_number"] > after)
+
+    yield ": admitted\n\n"
+    yield from after_resume_point(events.opening())
+    key = RedisKeys(svc.config.redis_prefix).request_stream(record.request_id)
+    try:
+        for item in follow_events(
+            svc.streams.read_json,
+            key,
+            STREAM_START,
+            idle_s=svc.config.sse_heartbeat_s,
+            timeout_s=svc.config.request_timeout_s,
+            on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.request_id),
+        ):
+            if item is None:
+                yield ": keep-alive\n\n"
+                continue
+            yield from after_resume_point(events.translate(item[1]))
+    except DeadlinePassed:
+        on_timeout()
+        yield from after_resume_point(events.error(TIMED_OUT))
+    except redis.exceptions.RedisError as exc:
+        logger.warning("stream of %s broke off: %s", record.id, exc)
+        yield from after_resume_point(events.error(INTERRUPTED))
