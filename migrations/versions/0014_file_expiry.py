@@ -2,7 +2,7 @@
 written under `output_expires_after`, is deleted (row and bytes) by the reaper once it expires
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-11-24
 """
 
