@@ -89,15 +89,13 @@ class Choice:
             entries = prompt_entries + entries
         text_offset = self.text_offset
         self.text_offset += sum(len(entry["token"]) for entry in entries)
-        if self.wants_logprobs:
-            self.logprobs.extend(entries)
+        self.logprobs.extend(entries)
         text += self.text_stream.push(output.new_token_ids)
         if self.text_stream.is_stopped:
             self.finish_reason = FinishReason.STOP
         elif output.finish_reason is not None:
             text += self.text_stream.flush()
             self.finish_reason = output.finish_reason
-        entries = entries if self.wants_logprobs else []
         if self.tool_calls is None:
             delta = ChoiceDelta(text, output.new_token_ids, entries, self.finish_reason)
         else:
