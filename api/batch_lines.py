@@ -110,8 +110,8 @@ def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any], 
         tools = tool_plan(info.tokenizer, fields, info.tool_call_parser)
         prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages, tools.template_tools, fields)
         return build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools)
-    prompt_ids = completion_prompt_ids(info.tokenizer, fields.prompt)
-    return build_generate_request(info, endpoint, fields, prompt_ids, tenant)
+    first, *more = [completion_prompt_ids(info.tokenizer, prompt) for prompt in fields.prompts]
+    return build_generate_request(info, endpoint, fields, first, tenant, more_prompt_ids=more)
 
 
 def _with_line(info: ErrorInfo, line_no: int) -> dict[str, Any]:

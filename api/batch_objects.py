@@ -66,7 +66,7 @@ def line_row(batch_id: str, line: ParsedLine) -> dict[str, Any]:
         "request_id": line.request.request_id,
         "status": LineStatus.QUEUED.value,
         "request": line.request.to_dict(),
-        "prompt_tokens": len(line.request.prompt_token_ids),
+        "prompt_tokens": line.request.num_prompt_tokens,
         "error": None,
         "finished_at": None,
     }

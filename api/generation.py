@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from flask import Response, jsonify
 
@@ -17,7 +17,7 @@ from api.prompts import ModelInfo
 from api.request_ids import note_request_id
 from api.request_limits import read_json_object
 from api.responses import StreamMeta, completion_object
-from api.sampling import sampling_params
+from api.sampling import prompts_sampling_params
 from api.schemas import GenerationFields
 from api.services import db_session, services
 from api.sse import relay_frames, sse_response
@@ -55,12 +55,15 @@ def build_generate_request(
     prompt_ids: list[int],
     tenant: str,
     tools: ToolPlan = NO_TOOLS,
+    more_prompt_ids: Sequence[list[int]] = (),
 ) -> GenerateRequest:
     """`tenant`'s request to the worker for validated fields: sampling, steering, monitor and grammar checked against
-    the model."""
-    sampling = sampling_params(info, fields, len(prompt_ids))
+    the model; a completion's further prompts run beside the first, `n` choices each."""
+    prompts = [prompt_ids, *more_prompt_ids]
+    sampling = prompts_sampling_params(info, fields, prompts)
     grammar = request_grammar(info.tokenizer, fields, tools.grammar)
-    steering, monitor = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
+    longest = max(len(prompt) for prompt in prompts)
+    steering, monitor = steering_and_monitor(info, fields, longest, sampling.max_tokens)
     return GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
         endpoint=endpoint,
@@ -74,14 +77,24 @@ def build_generate_request(
         tenant=tenant,
         grammar=grammar,
         tool_parser=tools.parser,
+        more_prompt_token_ids=list(more_prompt_ids),
+        echo=fields.echoes_prompt,
+        prompt_logprobs=fields.prompt_logprobs,
     )
 
 
 def generate(
-    endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict, tools: ToolPlan = NO_TOOLS
+    endpoint: Endpoint,
+    fields: GenerationFields,
+    prompt_ids: list[int],
+    body: dict,
+    tools: ToolPlan = NO_TOOLS,
+    more_prompt_ids: Sequence[list[int]] = (),
 ) -> Response:
+    """Every prompt's choices are one request: one row, one stream, submitted to the engine together."""
     tenant = current_principal().tenant
-    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids, tenant, tools)
+    info = services().model_info
+    generate_request = build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools, more_prompt_ids)
     note_request_id(generate_request.request_id)
     record = record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
@@ -91,7 +104,8 @@ def record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Request
     svc = services()
     svc.redis.ping()  # Redis down: 503 before anything is written
     session = db_session()
-    num_tokens = len(generate_request.prompt_token_ids) + generate_request.sampling.max_tokens * generate_request.n
+    sampling = generate_request.sampling
+    num_tokens = generate_request.num_prompt_tokens + sampling.max_tokens * generate_request.num_choices
     admit(session, svc.redis, svc.config, generate_request.model, current_principal().key_name, num_tokens)
     record = RequestRecord(
         id=generate_request.request_id,
@@ -100,7 +114,7 @@ def record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Request
         model=generate_request.model,
         status=RequestStatus.QUEUED.value,
         body=body,
-        prompt_tokens=len(generate_request.prompt_token_ids),
+        prompt_tokens=generate_request.num_prompt_tokens,
         created=generate_request.created,
     )
     create_request(session, record)

@@ -134,7 +134,7 @@ def resolve_max_tokens(info: ModelInfo, num_prompt_tokens: int, requested: int |
     """The completion budget; like vLLM, the rest of the context when the client names none."""
     available = info.max_model_len - num_prompt_tokens
     if available < 1 or (requested is not None and requested > available):
-        asked = requested or 1
+        asked = 1 if requested is None else requested
         raise APIError(
             400,
             f"This model's maximum context length is {info.max_model_len} tokens. However, you requested "
@@ -142,4 +142,4 @@ def resolve_max_tokens(info: ModelInfo, num_prompt_tokens: int, requested: int |
             param="messages" if requested is None else "max_tokens",
             code="context_length_exceeded",
         )
-    return requested or available
+    return available if requested is None else requested

@@ -41,6 +41,7 @@ def completion_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]
         finish_reason=result.finish_reason,
         usage=Usage(record.prompt_tokens, result.completion_tokens, UsageDetails.from_dict(result.usage_details)),
         logprobs=result.logprobs,
+        prompt_logprobs=result.prompt_logprobs,
         extra_choices=[ChoiceResult.from_dict(choice) for choice in result.extra_choices or []],
         steering=result.steering,
         monitor=result.monitor,
@@ -89,11 +90,15 @@ def _delta_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
     """New text (with its logprobs), then each tool call entry in a chunk of its own, then the finish reason."""
     finish_reason = event.finish_reason.value if event.finish_reason else None
     chunks = []
-    if event.text or event.logprobs or (finish_reason and not event.tool_calls):
-        logprobs = choice_logprobs_of(meta.endpoint, event.logprobs) if event.logprobs else None
+    if event.text or event.logprobs or event.prompt_logprobs or (finish_reason and not event.tool_calls):
+        logprobs = choice_logprobs_of(meta.endpoint, event.logprobs, event.text_offset) if event.logprobs else None
         delta = {"content": event.text} if event.text or not finish_reason else {}
         last_reason = None if event.tool_calls else finish_reason
-        chunks.append(_chunk(meta, delta, last_reason, text=event.text, logprobs=logprobs, index=event.index))
+        chunk = _chunk(meta, delta, last_reason, text=event.text, logprobs=logprobs, index=event.index)
+        if event.prompt_logprobs is not None:  # vLLM's: on the choice's first chunk, where chat's response has them
+            owner = chunk if meta.endpoint == Endpoint.CHAT else chunk["choices"][0]
+            owner["prompt_logprobs"] = event.prompt_logprobs
+        chunks.append(chunk)
     chunks.extend(_chunk(meta, {"tool_calls": [entry]}, None, index=event.index) for entry in event.tool_calls)
     if event.tool_calls and finish_reason:
         chunks.append(_chunk(meta, {}, finish_reason, index=event.index))

@@ -15,6 +15,9 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16
 MAX_SPECULATIVE_TOKENS = 16
+MAX_PROMPTS = 128  # a completion's prompts, and its prompts x n choices
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+MAX_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # signed 64-bit, as vLLM and the SQL and JSON clients take it
 
 
@@ -84,6 +87,19 @@ class GenerationFields(StructuredFields, OpenAIExtras, DetokenizeFields):
     steering: SteeringBody | None = None
     speculative: SpeculativeBody | None = None
     monitor: MonitorBody | None = None
+    # OpenAI's token id (a string, as JSON keys are) -> bias; vLLM's prompt logprobs (this many alternatives)
+    logit_bias: dict[str, float] | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, logit_bias: dict[str, float] | None) -> dict[str, float] | None:
+        if logit_bias is not None and len(logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased")
+        for token, bias in (logit_bias or {}).items():
+            if not -MAX_BIAS <= bias <= MAX_BIAS:
+                raise ValueError(f"the bias of token {token} is {bias}; biases lie in [-100, 100]")
+        return logit_bias
 
     @field_validator("stop")
     @classmethod
@@ -115,6 +131,15 @@ class GenerationFields(StructuredFields, OpenAIExtras, DetokenizeFields):
         """None: no logprobs; k: the sampled token's and the top k."""
         return None
 
+    @property
+    def echoes_prompt(self) -> bool:
+        return False
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """The alternatives the engine scores at each prompt position; None: it scores none."""
+        return self.prompt_logprobs
+
 
 class ChatCompletionRequest(GenerationFields, ToolFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -139,28 +164,54 @@ class ChatCompletionRequest(GenerationFields, ToolFields, ChatTemplateFields):
 
 
 class CompletionRequest(GenerationFields):
+    """One prompt (a string or token ids) or a list of them; max_tokens 0 with echo scores the prompts only."""
+
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _single_prompt(cls, prompt: str | list) -> str | list[int]:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ValueError("one prompt per request is supported; send a batch for many")
-            prompt = prompt[0]
-        if not prompt:
+    def _check_prompts(cls, prompt: str | list) -> str | list:
+        prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+        if len(prompts) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts are allowed in one request")
+        if any(not one for one in prompts):
             raise ValueError("prompt must not be empty")
         return prompt
 
-    @field_validator("echo")
+    @field_validator("suffix")
     @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise ValueError("echo is not supported yet")
-        return echo
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix is not None:
+            raise ValueError("suffix is not supported: the served models complete text only forward")
+        return suffix
+
+    @model_validator(mode="after")
+    def _check_num_choices(self) -> CompletionRequest:
+        if len(self.prompts) * self.n > MAX_PROMPTS:
+            raise ValueError(f"prompts x n must be at most {MAX_PROMPTS}")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+            return list(prompt)
+        return [prompt]  # type: ignore[list-item]
 
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def echoes_prompt(self) -> bool:
+        return self.echo
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """As vLLM: an echo with logprobs scores the prompt too; enough alternatives for both that ask."""
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(asked) if asked else None

@@ -197,7 +197,13 @@ class Scheduler:
         self.waiting.sort(key=SCHEDULING_ORDER)
 
     def _append_tokens(self, request: Request, token_ids: list[int]) -> TokenUpdate:
-        """Appends in order until the request finishes; tokens after a stop are dropped."""
+        """Appends in order until the request finishes; tokens after a stop are dropped. A request of max_tokens 0
+        (a prompt scored only) ends once its prompt is computed, appending nothing."""
+        if request.max_tokens == 0:
+            self.block_manager.cache_full_blocks(request)
+            self.running.remove(request)
+            self._finish(request, RequestStatus.FINISHED_LENGTH)
+            return TokenUpdate(request, [], request.finish_reason)
         appended = []
         for token_id in token_ids:
             request.output_token_ids.append(token_id)

@@ -137,6 +137,7 @@ class BatchLine(Base):
     steering: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the steering that ran
     monitor: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the monitored positions
     extra_choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # n > 1: choices 1..
+    prompt_logprobs: Mapped[list[dict[str, Any] | None] | None] = mapped_column(JSON, nullable=True)  # choice 0's
 
     @property
     def is_open(self) -> bool:

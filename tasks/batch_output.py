@@ -36,6 +36,7 @@ def output_line(line: BatchLine) -> dict[str, Any]:
         finish_reason=line.finish_reason,
         usage=Usage(line.prompt_tokens, line.completion_tokens),
         logprobs=line.logprobs,
+        prompt_logprobs=line.prompt_logprobs,
         steering=line.steering,
         monitor=line.monitor,
         extra_choices=[ChoiceResult.from_dict(choice) for choice in line.extra_choices or []],

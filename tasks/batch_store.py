@@ -34,6 +34,7 @@ class LineOutcome:
     steering: dict[str, Any] | None = None  # the steering that ran, as a request's result reports it
     monitor: dict[str, Any] | None = None  # the monitored positions, when the line asked for them
     extra_choices: list[dict[str, Any]] | None = None  # n > 1: choices 1.., as ChoiceResult dicts
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # choice 0's vLLM prompt_logprobs, when asked for
 
 
 _OUTCOME_COLUMNS = tuple(field.name for field in dataclasses.fields(LineOutcome))

@@ -18,6 +18,7 @@ def completion_body(
     finish_reason: str | None,
     usage: Usage,
     logprobs: list[dict[str, Any]] | None = None,
+    prompt_logprobs: list[dict[str, Any] | None] | None = None,
     extra_choices: list[ChoiceResult] | None = None,
     steering: dict[str, Any] | None = None,
     monitor: dict[str, Any] | None = None,
@@ -25,10 +26,13 @@ def completion_body(
 ) -> dict[str, Any]:
     """OpenAI's `chat.completion` or `text_completion` object: choice 0, then any further choices of n > 1; plus
     steerbatch's `steering` and `monitor` reports when the request was steered or monitored. A choice that ended in
-    tool calls has them parsed from its text by `tool_parser`, as its stream gave them."""
-    first = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
-    choices = [first] + [choice.to_dict() for choice in extra_choices or []]
+    tool calls has them parsed from its text by `tool_parser`, as its stream gave them. vLLM's `prompt_logprobs`, when
+    asked for, are each completion choice's, and chat's response's (its one prompt's)."""
+    first = ChoiceResult(0, text, FinishReason(finish_reason) if finish_reason else None, logprobs, prompt_logprobs)
+    choices = [first.to_dict()] + [choice.to_dict() for choice in extra_choices or []]
     reports = {name: report for name, report in (("steering", steering), ("monitor", monitor)) if report is not None}
+    if endpoint == Endpoint.CHAT and prompt_logprobs is not None:
+        reports["prompt_logprobs"] = prompt_logprobs
     return {
         "id": request_id,
         "object": "chat.completion" if endpoint == Endpoint.CHAT else "text_completion",
@@ -59,12 +63,15 @@ def _choice_object(
             "logprobs": logprobs,
             "finish_reason": choice["finish_reason"],
         }
-    return {
+    shown = {
         "index": choice["index"],
         "text": choice["text"],
         "logprobs": logprobs,
         "finish_reason": choice["finish_reason"],
     }
+    if choice.get("prompt_logprobs") is not None:
+        shown["prompt_logprobs"] = choice["prompt_logprobs"]
+    return shown
 
 
 def _message(choice: dict[str, Any], id_prefix: str, tool_parser: str | None) -> dict[str, Any]:
@@ -74,20 +81,26 @@ def _message(choice: dict[str, Any], id_prefix: str, tool_parser: str | None) ->
     return {"role": "assistant", "content": reply.content, "tool_calls": [call.to_dict() for call in reply.tool_calls]}
 
 
-def choice_logprobs_of(endpoint: Endpoint, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+def choice_logprobs_of(
+    endpoint: Endpoint, entries: list[dict[str, Any]] | None, text_offset: int = 0
+) -> dict[str, Any] | None:
     """A choice's `logprobs`, from chat's `content` entries (as the worker records them): chat keeps them,
-    completions get the legacy lists, `text_offset` counted from the first entry (a stream chunk's, in a chunk)."""
+    completions get the legacy lists, `text_offset` counted on from `text_offset` (where a stream chunk's first
+    entry starts in the choice's text). An echoed prompt's first token has no logprob, and so no top_logprobs."""
     if entries is None:
         return None
     if endpoint == Endpoint.CHAT:
         return {"content": entries, "refusal": None}
-    offsets, text_offset = [], 0
+    offsets = []
     for entry in entries:
         offsets.append(text_offset)
         text_offset += len(entry["token"])
     return {
         "tokens": [entry["token"] for entry in entries],
         "token_logprobs": [entry["logprob"] for entry in entries],
-        "top_logprobs": [{top["token"]: top["logprob"] for top in entry["top_logprobs"]} for entry in entries],
+        "top_logprobs": [
+            None if entry["logprob"] is None else {top["token"]: top["logprob"] for top in entry["top_logprobs"]}
+            for entry in entries
+        ],
         "text_offset": offsets,
     }

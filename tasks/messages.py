@@ -44,6 +44,8 @@ class SamplingParams:
     num_speculative_tokens: int | None = None  # most tokens proposed per step; None: the worker's default
     skip_special_tokens: bool = True  # vLLM's: special tokens produce no text
     include_stop_str_in_output: bool = False  # vLLM's: the stop string, or the stop token's text, ends the text
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the row's logits before it picks
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob, rank and the k most likely
 
     @property
     def is_greedy(self) -> bool:
@@ -54,53 +56,74 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids)}
+        return {
+            **dataclasses.asdict(self),
+            "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
+            "logit_bias": [list(pair) for pair in self.logit_bias],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
-        stops = {"stop": tuple(data.get("stop", ())), "stop_token_ids": tuple(data.get("stop_token_ids", ()))}
-        return cls(**{**data, **stops})
+        tuples = {
+            "stop": tuple(data.get("stop", ())),
+            "stop_token_ids": tuple(data.get("stop_token_ids", ())),
+            "logit_bias": tuple((int(token_id), float(bias)) for token_id, bias in data.get("logit_bias", ())),
+        }
+        return cls(**{**data, **tuples})
 
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token's log-probability under the model, and the `top` most likely (token_id, logprob) pairs."""
+    """A token's log-probability under the model, and the `top` most likely (token_id, logprob) pairs; a prompt
+    token's also has its `rank` (1: the most likely)."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"token_id": self.token_id, "logprob": self.logprob, "top": [list(pair) for pair in self.top]}
+        top = [list(pair) for pair in self.top]
+        return {"token_id": self.token_id, "logprob": self.logprob, "top": top, "rank": self.rank}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TokenLogprob:
         top = tuple((int(token_id), float(logprob)) for token_id, logprob in data.get("top", ()))
-        return cls(int(data["token_id"]), float(data["logprob"]), top)
+        return cls(int(data["token_id"]), float(data["logprob"]), top, data.get("rank"))
 
 
 @dataclass(frozen=True)
 class ChoiceResult:
-    """One of a request's `n` completions; `logprobs` holds chat's content entries when they were asked for."""
+    """One of a request's completions (prompt_index * n + j); `logprobs` holds chat's content entries when they were
+    asked for, `prompt_logprobs` vLLM's (None first, then token id -> logprob, rank, decoded_token)."""
 
     index: int
     text: str
     finish_reason: FinishReason | None
     logprobs: list[dict[str, Any]] | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         reason = self.finish_reason.value if self.finish_reason else None
-        return {"index": self.index, "text": self.text, "finish_reason": reason, "logprobs": self.logprobs}
+        return {
+            "index": self.index,
+            "text": self.text,
+            "finish_reason": reason,
+            "logprobs": self.logprobs,
+            "prompt_logprobs": self.prompt_logprobs,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChoiceResult:
         reason = FinishReason(data["finish_reason"]) if data.get("finish_reason") else None
-        return cls(int(data["index"]), data["text"], reason, data.get("logprobs"))
+        return cls(int(data["index"]), data["text"], reason, data.get("logprobs"), data.get("prompt_logprobs"))
 
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """What the api hands the worker: a tokenized prompt and how to sample it, `n` times."""
+    """What the api hands the worker: tokenized prompts (the first, then any more) and how to sample each, `n`
+    times; choice prompt_index * n + j is prompt_index's j-th."""
 
     request_id: str
     endpoint: Endpoint
@@ -114,6 +137,22 @@ class GenerateRequest:
     tenant: str = DEFAULT_TENANT  # whose request it is: picks the tenant's steering profile in the worker
     grammar: GrammarSpec | None = None  # structured output or forced tool calls: every token obeys it
     tool_parser: str | None = None  # the reply's tool calls are parsed in this format (tools offered, not "none")
+    more_prompt_token_ids: list[list[int]] = field(default_factory=list)  # a completion's prompts after the first
+    echo: bool = False  # each choice's text and logprobs start with its prompt's
+    prompt_logprobs: int | None = None  # vLLM's: each choice's `prompt_logprobs`, with this many alternatives
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [self.prompt_token_ids, *self.more_prompt_token_ids]
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Over every prompt, as usage counts them."""
+        return sum(len(prompt) for prompt in self.prompts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +168,9 @@ class GenerateRequest:
             "tenant": self.tenant,
             "grammar": None if self.grammar is None else self.grammar.to_dict(),
             "tool_parser": self.tool_parser,
+            "more_prompt_token_ids": [list(prompt) for prompt in self.more_prompt_token_ids],
+            "echo": self.echo,
+            "prompt_logprobs": self.prompt_logprobs,
         }
 
     @classmethod
@@ -146,6 +188,9 @@ class GenerateRequest:
             tenant=data.get("tenant", DEFAULT_TENANT),  # messages and ledger rows from before tenancy
             grammar=None if data.get("grammar") is None else GrammarSpec.from_dict(data["grammar"]),
             tool_parser=data.get("tool_parser"),
+            more_prompt_token_ids=[list(prompt) for prompt in data.get("more_prompt_token_ids", ())],
+            echo=bool(data.get("echo", False)),
+            prompt_logprobs=data.get("prompt_logprobs"),
         )
 
 
@@ -239,6 +284,8 @@ class StreamEvent:
     steering: dict[str, Any] | None = None  # FINAL: the steering that ran (steerbatch's report)
     monitor: dict[str, Any] | None = None  # FINAL: the monitored positions
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # DELTA: OpenAI's delta.tool_calls entries
+    text_offset: int = 0  # DELTA: where the first logprobs entry's token starts in the choice's text
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # DELTA: the choice's vLLM prompt_logprobs, once
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -253,6 +300,8 @@ class StreamEvent:
             "steering": self.steering,
             "monitor": self.monitor,
             "tool_calls": list(self.tool_calls),
+            "text_offset": self.text_offset,
+            "prompt_logprobs": self.prompt_logprobs,
         }
 
     @classmethod
@@ -269,4 +318,6 @@ class StreamEvent:
             steering=data.get("steering"),
             monitor=data.get("monitor"),
             tool_calls=list(data.get("tool_calls", [])),
+            text_offset=int(data.get("text_offset", 0)),
+            prompt_logprobs=data.get("prompt_logprobs"),
         )

@@ -60,5 +60,6 @@ class ResultRecord(Base):
     steering: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the steering that ran
     monitor: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the monitored positions
     usage_details: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # UsageDetails
+    prompt_logprobs: Mapped[list[dict[str, Any] | None] | None] = mapped_column(JSON, nullable=True)  # choice 0's
     finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     request: Mapped[RequestRecord] = relationship(back_populates="result")

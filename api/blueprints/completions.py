@@ -18,5 +18,6 @@ def create_completion() -> Response:
     body = json_body()
     completion = CompletionRequest.model_validate(body)
     check_model_name(completion.model)
-    prompt_ids = completion_prompt_ids(services().model_info.tokenizer, completion.prompt)
-    return generate(Endpoint.COMPLETIONS, completion, prompt_ids, body)
+    tokenizer = services().model_info.tokenizer
+    first, *more = [completion_prompt_ids(tokenizer, prompt) for prompt in completion.prompts]
+    return generate(Endpoint.COMPLETIONS, completion, first, body, more_prompt_ids=more)

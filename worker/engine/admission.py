@@ -21,8 +21,8 @@ def admission_error(
             f"the prompt has {num_prompt_tokens} tokens; at most {max_model_len - 1} fit this model's context "
             f"of {max_model_len} tokens with one to generate"
         )
-    if sampling.max_tokens < 1:
-        return f"max_tokens must be at least 1, got {sampling.max_tokens}"
+    if sampling.max_tokens < 0:
+        return f"max_tokens must be at least 0, got {sampling.max_tokens}"
     method = sampling.speculative_method
     if method not in (None, "none", *speculative_methods):
         offered = ", ".join(sorted(speculative_methods))

@@ -17,52 +17,27 @@ import torch
 
 from scheduler.batch import Batch
 from scheduler.request import Request
-from scheduler.scheduler import Scheduler, SchedulerConfig, TokenUpdate
+from scheduler.scheduler import Scheduler, TokenUpdate
 from tasks.config import Config
 from tasks.messages import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
-from worker.engine.grammar.compiler import GrammarCompiler
+from worker.engine.engine_config import grammar_compiler, scheduler_config, speculation_config
 from worker.engine.grammar.matcher import MaskFiller, RowGrammar
 from worker.engine.inbox import EngineInbox, NewWork
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
 from worker.engine.model_runner import ModelRunner
+from worker.engine.prompt_logprobs import prompt_logit_rows, score_prompts
 from worker.engine.sampler import SamplingRow
 from worker.engine.sequence import EngineSequence, Submission, request_generator, scheduled_request
 from worker.engine.speculation.allowance import speculation_allowance
 from worker.engine.speculation.draft_models import load_proposers
-from worker.engine.speculation.speculator import Allowance, SpeculationConfig, Speculator
+from worker.engine.speculation.speculator import Allowance, Speculator
 from worker.engine.stats import EngineStats
 from worker.engine.step_tokens import StepTokens, pick_tokens
 from worker.steering.request_sae import resolve_request_sae
 from worker.steering.worker_monitor import WorkerMonitor
 
 logger = logging.getLogger(__name__)
-
-
-def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
-    return SchedulerConfig(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        prefill_chunk_size=min(config.prefill_chunk_size, config.max_num_batched_tokens),
-        max_model_len=runner.max_model_len,
-        num_blocks=runner.kv_pool.num_blocks,
-        block_size=runner.kv_pool.block_size,
-        enable_prefix_caching=config.enable_prefix_caching,
-    )
-
-
-def grammar_compiler(config: Config, runner: ModelRunner) -> GrammarCompiler:
-    vocab_size = runner.model.config.get_text_config().vocab_size  # the logits' width
-    return GrammarCompiler(
-        config.model, vocab_size, runner.eos_token_ids, config.grammar_compile_timeout_s, config.grammar_cache_size
-    )
-
-
-def speculation_config(config: Config) -> SpeculationConfig:
-    return SpeculationConfig(
-        max_batch_size=config.spec_max_batch_size,
-        min_acceptance=config.spec_min_acceptance,
-    )
 
 
 class ContinuousEngine:
@@ -174,10 +149,15 @@ class ContinuousEngine:
         rows = [self._sequences[chunk.request.request_id].sae for chunk in batch.chunks]
         grammars = [self._sequences[chunk.request.request_id].grammar for chunk in batch.sampling_chunks]
         bitmasks = self._masks.start([grammar for grammar in grammars if grammar is not None])
-        output = self._runner.run(batch, rows, self._step_monitor)
+        prompt_rows = prompt_logit_rows(batch.chunks, self._sequences)
+        output = self._runner.run(batch, rows, self._step_monitor, prompt_rows.indices)
         for request_id, positions in output.monitored.items():
             self._sequences[request_id].monitored.extend(positions)
-        return pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax, bitmasks)
+        prompt_scores = score_prompts(output.prompt_logits, prompt_rows, self._sequences)
+        picked = pick_tokens(batch.sampling_chunks, output.logits, self._sampling_row, self._runner.argmax, bitmasks)
+        if prompt_scores is not None:
+            prompt_scores.collect(self._sequences)
+        return picked
 
     def _postprocess(self, batch: Batch, picked: StepTokens) -> None:
         if picked.failed:
@@ -252,7 +232,7 @@ class ContinuousEngine:
         """A constrained row's matcher takes its appended token (and only that: it is what a preempted row keeps)
         with the row's next fill; False, failing the row, if it refused the one before."""
         grammar = self._sequences[update.request.request_id].grammar
-        if grammar is None:
+        if grammar is None or not update.token_ids:  # max_tokens 0: nothing appended
             return True
         if grammar.refused_token_id is not None:
             self._fail(update.request.request_id, f"the grammar refused the sampled token {grammar.refused_token_id}")
@@ -268,10 +248,11 @@ class ContinuousEngine:
             request_id,
             update.token_ids,
             finish_reason,
-            logprobs=(logprob,) if logprob else (),
+            logprobs=(logprob,) if logprob and update.token_ids else (),
             num_cached_tokens=max(update.request.num_cached_tokens, 0),
             num_proposed_tokens=sequence.num_proposed_tokens,
             num_accepted_tokens=sequence.num_accepted_tokens,
+            prompt_logprobs=sequence.take_prompt_logprobs(),
         )
         if finish_reason is None:
             self._deliver(sequence, output)

@@ -41,6 +41,7 @@ class EngineOutput:
     num_accepted_tokens: int = 0
     steering: SteeringSpec | None = None  # the steering as applied (strengths clamped), on a request's first output
     monitor: tuple[MonitoredPosition, ...] = ()  # positions the model read since the request's previous output
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # prompt tokens scored since the previous output (None first)
 
     @property
     def is_finished(self) -> bool:

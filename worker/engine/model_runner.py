@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from worker.engine.cpu_weight_layout import store_linear_weights_column_major
 from worker.engine.graphs.graph_mode import GraphMode, resolve_graph_mode
 from worker.engine.sampler import Argmax, torch_argmax
 from worker.engine.speculation.draft_weights import load_draft_weights
+from worker.engine.transfers import to_device
 from worker.kernels.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
 from worker.steering.request_sae import RequestSAE
 from worker.steering.sae_attachments import SAEAttachments
@@ -75,6 +77,7 @@ def load_attention_backend(
 class StepOutput:
     logits: torch.Tensor  # [S, V] float: one row per sampling chunk
     monitored: dict[str, list[MonitoredPosition]]  # by request id: positions its monitor read this step
+    prompt_logits: torch.Tensor | None = None  # [P, V] float at the step's prompt_indices, when it had some
 
 
 def read_eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
@@ -218,18 +221,24 @@ class ModelRunner:
         batch: Batch,
         rows: Sequence[RequestSAE | None] | None = None,
         worker_monitor: WorkerMonitor | None = None,
+        prompt_indices: Sequence[int] = (),
     ) -> StepOutput:
         """One forward pass over every scheduled chunk, with each chunk's request's steering and monitor (`rows`,
-        one per chunk; None: none steer or monitor) and the worker-wide monitor carried out by the SAE hooks."""
+        one per chunk; None: none steer or monitor) and the worker-wide monitor carried out by the SAE hooks; the
+        logits at the packed tokens `prompt_indices` are kept too, for prompt logprobs."""
         rows = [None] * len(batch.chunks) if rows is None else rows
-        if self._graphs is not None and self._graphs.fits(batch.chunks):
+        if self._graphs is not None and not prompt_indices and self._graphs.fits(batch.chunks):
             return self._run_graph(batch.chunks, rows, worker_monitor)
         step = build_paged_step(batch, self.kv_pool, self.device, self.attention_backend)
+        num_sampling = step.logits_indices.shape[0]
+        if prompt_indices:
+            extra = to_device(prompt_indices, torch.int64, self.device)
+            step = dataclasses.replace(step, logits_indices=torch.cat([step.logits_indices, extra]))
         plan, slices = build_step_plan(batch.chunks, step.token_rows, rows, worker_monitor, self.dtype)
         if plan is not None:
             self._hooks.set_step(plan)
         try:
-            if self._compiled is not None and plan is None:
+            if self._compiled is not None and plan is None and not prompt_indices:
                 self._hooks.close()  # the graph is traced without hooks, and its guards skip modules: leave it none
                 logits = compiled_forward(self._compiled, step, self.kv_pool, self._is_compiled_warm)
             else:
@@ -237,7 +246,8 @@ class ModelRunner:
             results = self._hooks.take_monitor_results()
         finally:
             self._hooks.clear()
-        return StepOutput(logits, read_monitored(results, slices))
+        prompt_logits = logits[num_sampling:] if prompt_indices else None
+        return StepOutput(logits[:num_sampling], read_monitored(results, slices), prompt_logits)
 
     def _run_graph(
         self, chunks: list[ScheduledChunk], rows: Sequence[RequestSAE | None], worker_monitor: WorkerMonitor | None

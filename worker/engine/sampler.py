@@ -1,9 +1,9 @@
-"""Picks each row's next token on the device: grammar masks, penalties, min_tokens, temperature, top-k / top-p /
-min-p, a draw from the row's own generator, and the logprobs the request asked for.
+"""Picks each row's next token on the device: grammar masks, logit biases, penalties, min_tokens, temperature,
+top-k / top-p / min-p, a draw from the row's own generator, and the logprobs the request asked for.
 
-Logprobs are those of the model's raw distribution (before penalties and temperature), as vLLM reports by default;
-for a row constrained by a grammar, of that distribution renormalized over the tokens the grammar allows (the
-distribution the token was drawn from, before penalties and temperature), so disallowed tokens never appear.
+Logprobs are those of the model's raw distribution (before logit biases, penalties and temperature), as vLLM reports
+by default; for a row constrained by a grammar, of that distribution renormalized over the tokens the grammar allows
+(the distribution the token was drawn from, before penalties and temperature), so disallowed tokens never appear.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def sample(
     constrained rows' bitmasks in row order, when they were filled ahead."""
     logits = apply_grammars(logits, rows, bitmasks)
     raw_logits = logits
+    logits = apply_logit_bias(logits, rows)
     logits = apply_penalties(logits, rows)
     logits = suppress_tokens(logits, rows)
     tokens = argmax(logits)  # [S]
@@ -77,6 +78,24 @@ def apply_grammars(
     else:
         bitmask = bitmasks.result()
     return mask_logits(logits, bitmask, constrained)
+
+
+def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """OpenAI's logit_bias: each row's biases added to its logits on the device, in one scatter for the step."""
+    biased = [(i, row.params.logit_bias) for i, row in enumerate(rows) if row.params.logit_bias]
+    if not biased:
+        return logits
+    row_ids = [i for i, biases in biased for _ in biases]
+    token_ids = [token_id for _, biases in biased for token_id, _ in biases]
+    values = [bias for _, biases in biased for _, bias in biases]
+    device = logits.device
+    logits = logits.clone()
+    logits.index_put_(
+        (to_device(row_ids, torch.long, device), to_device(token_ids, torch.long, device)),
+        to_device(values, logits.dtype, device),
+        accumulate=True,
+    )
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from scheduler.request import Request
+from tasks.messages import TokenLogprob
 from tasks.steering_messages import MonitoredPosition
 from worker.engine.grammar.compiler import GrammarError
 from worker.engine.grammar.matcher import RowGrammar
@@ -34,9 +35,13 @@ class EngineSequence:
     monitored: list[MonitoredPosition] = field(default_factory=list)  # read since the request's last output
     num_proposed_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_prompt_logprobs: int = 1  # prompt tokens scored so far: the first has no logprob (nothing precedes it)
+    pending_prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # scored, not yet output
     _plain_row: SamplingRow = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.request.sampling.prompt_logprobs is not None:
+            self.pending_prompt_logprobs.append(None)
         # Built once: it holds the scheduler's own token lists, which grow in place, and a step asks for every row.
         scheduled = self.scheduled
         self._plain_row = SamplingRow(
@@ -52,6 +57,10 @@ class EngineSequence:
         if self.scheduled.num_output_tokens >= self.request.sampling.min_tokens:
             return self._plain_row
         return dataclasses.replace(self._plain_row, suppressed_token_ids=tuple(sorted(self.scheduled.stop_token_ids)))
+
+    def take_prompt_logprobs(self) -> tuple[TokenLogprob | None, ...]:
+        taken, self.pending_prompt_logprobs = tuple(self.pending_prompt_logprobs), []
+        return taken
 
     def with_reports(self, output: EngineOutput) -> EngineOutput:
         """`output` carrying the applied steering (the first time) and the positions monitored since the last one."""
@@ -81,7 +90,10 @@ def scheduled_request(request: EngineRequest, sae: RequestSAE | None, eos_token_
         min_tokens=sampling.min_tokens,
         priority=request.priority,
         steering_key="" if sae is None else sae.steering_key,
-        may_reuse_cached_prefix=sae is None or not sae.reads_prompt,
+        # A cached block's positions are never computed: a monitor could not read them, and no logits would score
+        # them. Prompt logprobs need every prompt position, so such a request takes no cached block (it still caches
+        # its own blocks for others); vLLM skips the prefix cache for them too.
+        may_reuse_cached_prefix=(sae is None or not sae.reads_prompt) and sampling.prompt_logprobs is None,
     )
 
 

@@ -48,7 +48,7 @@ class _LineRun:
         choice.apply(output, tokenizer)
         choices = sorted(self.choices.values(), key=lambda c: c.index)
         num_tokens = sum(c.num_tokens for c in choices)
-        text = choices[0].text_stream.text
+        text = choices[0].result().text
         if choice.error is not None:
             error = {"message": choice.error, "type": choice.error_type, "param": choice.error_param, "code": None}
             return LineOutcome(LineStatus.FAILED, text, None, num_tokens, error)
@@ -63,6 +63,7 @@ class _LineRun:
             first.finish_reason.value if first.finish_reason else None,
             num_tokens,
             logprobs=first.logprobs,
+            prompt_logprobs=first.prompt_logprobs,
             steering=self.report.steering(),
             monitor=self.report.monitor(tokenizer),
             extra_choices=[c.result().to_dict() for c in choices[1:]] or None,
@@ -126,7 +127,7 @@ class ChunkRunner(TaskRunner):
             on_output = chunk.inbox.put_urgent if request.sampling.stop else chunk.inbox.put
             choices = [
                 start_choice(self.engine, self.tokenizer, request, index, on_output, steering, BULK_PRIORITY)
-                for index in range(request.n)
+                for index in range(request.num_choices)
             ]
             report = SteeringReport(choices[0].engine_request_id, request.monitor, source)
             run = _LineRun(line, request, {choice.engine_request_id: choice for choice in choices}, report)

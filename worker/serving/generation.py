@@ -95,7 +95,7 @@ class GenerationHandler(TaskRunner):
             self._cancel(followed)
 
         try:
-            for index in range(request.n):  # started one by one, so a failed submit still cancels those before it
+            for index in range(request.num_choices):  # one by one, so a failed submit still cancels those before it
                 choice = start_choice(self.engine, self.tokenizer, request, index, on_output, steering)
                 followed.choices[choice.engine_request_id] = choice
             self.cancels.watch(request.request_id, on_cancel)
@@ -105,7 +105,7 @@ class GenerationHandler(TaskRunner):
             self.cancels.forget(request.request_id, on_cancel)
             self.outputs.forget(followed)  # from here on the choices are ours alone to read
             self._cancel(followed)  # a no-op for choices the engine has finished
-        outcome = _outcome(list(followed.choices.values()), error)
+        outcome = _outcome(list(followed.choices.values()), request.n, error)
         return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
 
     def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, SteeringSource]:
@@ -147,6 +147,7 @@ class GenerationHandler(TaskRunner):
                 finish_reason=outcome.choices[0].finish_reason,
                 error=outcome.error,
                 logprobs=outcome.choices[0].logprobs,
+                prompt_logprobs=outcome.choices[0].prompt_logprobs,
                 extra_choices=[choice.to_dict() for choice in outcome.choices[1:]] or None,
                 steering=outcome.steering,
                 monitor=outcome.monitor,
@@ -165,10 +166,11 @@ class GenerationHandler(TaskRunner):
         )
 
 
-def _outcome(choices: list[Choice], error: ErrorInfo | None = None) -> Outcome:
+def _outcome(choices: list[Choice], n: int, error: ErrorInfo | None = None) -> Outcome:
     num_accepted = sum(choice.num_accepted_tokens for choice in choices)
     details = UsageDetails(
-        cached_tokens=choices[0].num_cached_tokens,  # the prompt counts once in usage, so its cached part does too
+        # each prompt counts once in usage, so its cached part does too: its first choice's
+        cached_tokens=sum(choice.num_cached_tokens for choice in choices if choice.index % n == 0),
         accepted_prediction_tokens=num_accepted,
         rejected_prediction_tokens=sum(choice.num_proposed_tokens for choice in choices) - num_accepted,
     )

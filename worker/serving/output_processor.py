@@ -69,7 +69,7 @@ class FollowedRequest:
 def _delta_event(index: int, delta: ChoiceDelta) -> StreamEvent | None:
     """Choice 0's finish reason rides on the FINAL event; the others end with their last DELTA."""
     finish_reason = delta.finish_reason if index > 0 else None
-    if not (delta.text or delta.token_ids or delta.tool_calls or finish_reason is not None):
+    if not (delta.text or delta.token_ids or delta.tool_calls or delta.prompt_logprobs or finish_reason is not None):
         return None
     return StreamEvent(
         EventType.DELTA,
@@ -79,6 +79,8 @@ def _delta_event(index: int, delta: ChoiceDelta) -> StreamEvent | None:
         index=index,
         finish_reason=finish_reason,
         tool_calls=delta.tool_calls,
+        text_offset=delta.text_offset,
+        prompt_logprobs=delta.prompt_logprobs,
     )
 
 

@@ -13,7 +13,7 @@ from tasks.messages import ChoiceResult, FinishReason, GenerateRequest
 from tasks.steering_messages import SteeringSpec
 from tasks.tool_calls import ToolCallStream
 from worker.engine.interface import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
-from worker.text.logprob_entries import logprob_entries
+from worker.text.logprob_entries import echo_entries, logprob_entries, vllm_prompt_logprobs
 from worker.text.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
@@ -29,6 +29,18 @@ class ChoiceDelta:
     logprobs: list[dict[str, Any]]
     finish_reason: FinishReason | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's delta.tool_calls entries
+    text_offset: int = 0  # where the first of `logprobs` starts in the choice's text
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM's, on the choice's first delta
+
+
+@dataclass(frozen=True)
+class PromptShow:
+    """What a choice shows of its prompt: echoed text and entries, and vLLM's prompt_logprobs."""
+
+    token_ids: list[int]
+    is_echoed: bool = False
+    num_echo_top: int = 0  # alternatives per echoed entry: the request's logprobs
+    num_vllm_top: int | None = None  # vLLM's prompt_logprobs; None: not asked for
 
 
 @dataclass
@@ -38,6 +50,10 @@ class Choice:
     text_stream: TextStream
     wants_logprobs: bool
     tool_calls: ToolCallStream | None = None  # the request offered tools: its text is read for calls
+    prompt: PromptShow | None = None  # None: the choice shows nothing of its prompt
+    echo_text: str = ""
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
+    text_offset: int = 0  # characters of the tokens of every logprobs entry so far (legacy text_offset)
     num_tokens: int = 0
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -67,16 +83,38 @@ class Choice:
         self.num_proposed_tokens = max(self.num_proposed_tokens, output.num_proposed_tokens)
         self.num_accepted_tokens = max(self.num_accepted_tokens, output.num_accepted_tokens)
         entries = logprob_entries(tokenizer, output.logprobs)
+        text, prompt_logprobs = "", None
+        if self.prompt is not None:  # the first output: the prompt's scores come with it
+            text, prompt_entries, prompt_logprobs = self._show_prompt(self.prompt, output, tokenizer)
+            entries = prompt_entries + entries
+        text_offset = self.text_offset
+        self.text_offset += sum(len(entry["token"]) for entry in entries)
         self.logprobs.extend(entries)
-        text = self.text_stream.push(output.new_token_ids, output.finish_reason == FinishReason.STOP)
+        text += self.text_stream.push(output.new_token_ids, output.finish_reason == FinishReason.STOP)
         if self.text_stream.is_stopped:
             self.finish_reason = FinishReason.STOP
         elif output.finish_reason is not None:
             text += self.text_stream.flush()
             self.finish_reason = output.finish_reason
         if self.tool_calls is None:
-            return ChoiceDelta(text, output.new_token_ids, entries, self.finish_reason)
-        return self._tool_call_delta(text, output.new_token_ids, entries)
+            delta = ChoiceDelta(text, output.new_token_ids, entries, self.finish_reason)
+        else:
+            delta = self._tool_call_delta(text, output.new_token_ids, entries)
+        return dataclasses.replace(delta, text_offset=text_offset, prompt_logprobs=prompt_logprobs)
+
+    def _show_prompt(
+        self, prompt: PromptShow, output: EngineOutput, tokenizer: PreTrainedTokenizerFast
+    ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any] | None] | None]:
+        """The echoed text and entries, and vLLM's prompt_logprobs, which the result keeps too."""
+        self.prompt = None
+        if prompt.num_vllm_top is not None:
+            self.prompt_logprobs = vllm_prompt_logprobs(tokenizer, output.prompt_logprobs, prompt.num_vllm_top)
+        if not prompt.is_echoed:
+            return "", [], self.prompt_logprobs
+        # decoded as vLLM echoes a token prompt: special tokens (a BOS the tokenizer added) included
+        self.echo_text = tokenizer.decode(prompt.token_ids)
+        entries = echo_entries(tokenizer, prompt.token_ids, output.prompt_logprobs, prompt.num_echo_top)
+        return self.echo_text, entries if self.wants_logprobs else [], self.prompt_logprobs
 
     def _tool_call_delta(self, text: str, token_ids: list[int], entries: list[dict[str, Any]]) -> ChoiceDelta:
         """The new text split into content and whole calls; a reply that made calls finishes with "tool_calls"."""
@@ -94,13 +132,17 @@ class Choice:
 
     def result(self) -> ChoiceResult:
         return ChoiceResult(
-            self.index, self.text_stream.text, self.finish_reason, self.logprobs if self.wants_logprobs else None
+            self.index,
+            self.echo_text + self.text_stream.text,
+            self.finish_reason,
+            self.logprobs if self.wants_logprobs else None,
+            self.prompt_logprobs,
         )
 
 
 def engine_request_id(request: GenerateRequest, index: int) -> str:
     """Choice `index` of the request in the engine: the request's own id when it has one choice."""
-    return request.request_id if request.n == 1 else f"{request.request_id}#{index}"
+    return request.request_id if request.num_choices == 1 else f"{request.request_id}#{index}"
 
 
 def start_choice(
@@ -112,25 +154,31 @@ def start_choice(
     steering: SteeringSpec | None,
     priority: int = INTERACTIVE_PRIORITY,
 ) -> Choice:
-    """Choice i of n runs as its own engine request; a seeded request's choice i uses seed + i. Every choice is
-    steered alike; only choice 0 is monitored, since the prompt's positions would repeat n times."""
+    """Choice prompt_index * n + j runs as its own engine request, of that prompt; a seeded request's j-th choice of
+    a prompt uses seed + j. Every choice is steered alike; only choice 0 is monitored, since the prompt's positions
+    would repeat n times."""
     choice_id = engine_request_id(request, index)
+    prompt_ids = request.prompts[index // request.n]
     sampling = request.sampling
-    if sampling.seed is not None and index > 0:
-        sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
+    if sampling.seed is not None and index % request.n > 0:
+        sampling = dataclasses.replace(sampling, seed=sampling.seed + index % request.n)
     monitor = request.monitor if index == 0 else None
     engine_request = EngineRequest(
         choice_id,
-        request.prompt_token_ids,
+        prompt_ids,
         sampling,
         priority,
         steering=steering,
         monitor=monitor,
         grammar=request.grammar,
     )
-    text_stream = TextStream(tokenizer, request.prompt_token_ids, sampling)
+    text_stream = TextStream(tokenizer, prompt_ids, sampling)
     parser = request.tool_parser
     tool_calls = None if parser is None else ToolCallStream(parser, f"{request.request_id}:{index}")
-    choice = Choice(index, choice_id, text_stream, wants_logprobs=sampling.logprobs is not None, tool_calls=tool_calls)
+    prompt = None
+    if request.echo or request.prompt_logprobs is not None:
+        prompt = PromptShow(prompt_ids, request.echo, sampling.logprobs or 0, request.prompt_logprobs)
+    wants_logprobs = sampling.logprobs is not None
+    choice = Choice(index, choice_id, text_stream, wants_logprobs, tool_calls=tool_calls, prompt=prompt)
     engine.submit(engine_request, on_output)
     return choice

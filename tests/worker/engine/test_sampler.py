@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from tasks.messages import SamplingParams
-from worker.engine.sampler import SamplingRow, apply_penalties, sample, sampling_probs
+from worker.engine.sampler import SamplingRow, apply_logit_bias, apply_penalties, sample, sampling_probs
 
 VOCAB_SIZE = 50
 
@@ -119,3 +121,15 @@ def test_logprobs_are_raw_log_softmax_with_the_top_k() -> None:
     assert entry.token_id == 1 and entry.logprob == pytest.approx(float(expected[1]))
     assert [token for token, _ in entry.top] == [1, 2]
     assert sample(logits, [SamplingRow(SamplingParams(max_tokens=1), None, [], [])]).logprobs == [None]
+
+
+def test_logit_bias_adds_to_its_own_row_only_and_leaves_the_logprobs_raw() -> None:
+    logits = random_logits(3)
+    biased = SamplingParams(max_tokens=1, temperature=0.0, logit_bias=((7, 100.0), (logits[0].argmax().item(), -100.0)))
+    plain = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0)
+    rows = [SamplingRow(p, None, [], []) for p in (biased, plain, dataclasses.replace(biased, logprobs=0))]
+    shifted = apply_logit_bias(logits, rows)
+    assert shifted[0, 7] == pytest.approx(logits[0, 7] + 100) and torch.equal(shifted[1], logits[1])
+    sampled = sample(logits, rows)
+    assert sampled.token_ids == [7, logits[1].argmax().item(), 7]
+    assert sampled.logprobs[2].logprob == pytest.approx(torch.log_softmax(logits[2], -1)[7].item(), abs=1e-5)

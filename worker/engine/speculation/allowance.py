@@ -20,7 +20,8 @@ def can_speculate(sequence: EngineSequence, request: Request, is_worker_monitore
     sampling = sequence.request.sampling
     # A seeded row's draws must not depend on the batch, which decides whether it speculates.
     is_sampled_safely = sampling.is_greedy or sampling.seed is None
-    is_plain = is_sampled_safely and not sampling.has_penalties and sampling.logprobs is None
+    # verification reads the raw logits: penalties and biases would make it keep what plain decoding would not pick
+    is_plain = is_sampled_safely and not (sampling.has_penalties or sampling.logit_bias) and sampling.logprobs is None
     is_unobserved = sequence.sae is None and not is_worker_monitored
     return is_plain and is_unobserved and request.num_output_tokens >= sampling.min_tokens
 
