@@ -8,7 +8,7 @@ import uuid
 from flask import Flask, Response, g
 
 from api.auth import authenticate
-from api.blueprints import batches, chat, completions, files, health, models, requests, saes, steering
+from api.blueprints import batches, chat, completions, files, health, metrics, models, requests, saes, steering
 from api.errors import register_error_handlers
 from api.prompts import load_model_info
 from api.request_limits import register_request_limits
@@ -36,10 +36,10 @@ def create_app(config: Config | None = None) -> Flask:
         model_info=load_model_info(config),
         started_at=int(time.time()),
     )
-    blueprints = (chat, completions, models, requests, files, batches, health, saes, steering)
+    blueprints = (chat, completions, models, requests, files, batches, health, metrics, saes, steering)
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
-    app.before_request(authenticate)  # every route but /health (DESIGN rule 7)
+    app.before_request(authenticate)  # every route but the health probes (DESIGN rule 7)
     register_request_limits(app, config)  # body size, URL parts, after authentication
     app.after_request(add_rate_limit_headers)
     app.teardown_appcontext(close_db_session)

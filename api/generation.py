@@ -60,19 +60,21 @@ def build_generate_request(
     sampling = sampling_params(info, fields, len(prompt_ids))
     grammar = request_grammar(info.tokenizer, fields, tools.grammar)
     steering, monitor = steering_and_monitor(info, fields, len(prompt_ids), sampling.max_tokens)
+    now = time.time()
     return GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
         endpoint=endpoint,
         model=info.name,
         prompt_token_ids=prompt_ids,
         sampling=sampling,
-        created=int(time.time()),
+        created=int(now),
         n=fields.n,
         steering=steering,
         monitor=monitor,
         tenant=tenant,
         grammar=grammar,
         tool_parser=tools.parser,
+        arrival_time=now,
     )
 
 

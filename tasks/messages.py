@@ -112,6 +112,7 @@ class GenerateRequest:
     tenant: str = DEFAULT_TENANT  # whose request it is: picks the tenant's steering profile in the worker
     grammar: GrammarSpec | None = None  # structured output or forced tool calls: every token obeys it
     tool_parser: str | None = None  # the reply's tool calls are parsed in this format (tools offered, not "none")
+    arrival_time: float = 0.0  # unix seconds, to the microsecond, when the api took it: where latencies start
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +128,7 @@ class GenerateRequest:
             "tenant": self.tenant,
             "grammar": None if self.grammar is None else self.grammar.to_dict(),
             "tool_parser": self.tool_parser,
+            "arrival_time": self.arrival_time,
         }
 
     @classmethod
@@ -144,6 +146,7 @@ class GenerateRequest:
             tenant=data.get("tenant", DEFAULT_TENANT),  # messages and ledger rows from before tenancy
             grammar=None if data.get("grammar") is None else GrammarSpec.from_dict(data["grammar"]),
             tool_parser=data.get("tool_parser"),
+            arrival_time=float(data.get("arrival_time", data["created"])),  # messages from before it was sent
         )
 
 

@@ -46,7 +46,7 @@ class GenerationHandler(TaskRunner):
         super().__init__(*args, **kwargs)
         self.cancels = CancelWatcher(self.redis, self.config)
         self.cancels.start()
-        self.outputs = OutputProcessor(self.redis, self.config, self.tokenizer, self.engine)
+        self.outputs = OutputProcessor(self.redis, self.config, self.tokenizer, self.engine, self.metrics)
         self.outputs.start()
 
     def close(self) -> None:
@@ -62,9 +62,10 @@ class GenerationHandler(TaskRunner):
             else:
                 self._emit(request.request_id, StreamEvent(EventType.START))
                 outcome = self._run(request)
-        except Exception:
+        except Exception as exc:
             # Redis or the database failed mid-request: still leave exactly one result, if they let us.
             logger.exception("request %s failed in the worker", request.request_id)
+            self.metrics.count_error(exc)
             outcome = Outcome.ended(None, ErrorInfo("The worker failed while generating.", "server_error"))
         self._finish(request, outcome)
 
@@ -155,6 +156,15 @@ class GenerationHandler(TaskRunner):
         if not is_recorded:
             logger.warning("request %s already had a result; this run's is dropped", request.request_id)
             return
+        first = outcome.choices[0]
+        self.metrics.observe_e2e(request)
+        self.metrics.observe_finished(
+            request,
+            first.finish_reason,
+            outcome.completion_tokens,
+            is_error=outcome.error is not None,
+            is_steered=outcome.steering is not None,
+        )
         logger.info(
             "request %s finished: %s, %d tokens",
             request.request_id,

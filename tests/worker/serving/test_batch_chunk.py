@@ -24,6 +24,7 @@ from tests.batch_rows import accept_rows, queued_line_row
 from worker.engine.interface import BULK_PRIORITY, EngineOutput, EngineRequest, OutputCallback
 from worker.serving.batch_chunk import ChunkRunner
 from worker.serving.batch_stops import StopWatcher
+from worker.serving.metrics import ServingMetrics
 from worker.text.choice import ENGINE_FAILURE
 
 
@@ -102,7 +103,8 @@ def setup(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[tupl
     sessions = make_session_factory(make_db_engine(database_url))
     stops = StopWatcher(client, config)
     stops.start()
-    runner = ChunkRunner(config, engine, tokenizer, client, sessions, "test-worker", stops, after_chunk=lambda _: None)
+    metrics = ServingMetrics()
+    runner = ChunkRunner(config, engine, tokenizer, client, sessions, "test-worker", metrics, stops, lambda _: None)
     yield config, runner, engine
     stops.stop()
     engine.stop()

@@ -1,0 +1,51 @@
+"""The api process's own counters: admission refusals and backend errors.
+
+They live in this process. With more than one gunicorn worker process (api/gunicorn_conf.py runs one), set
+PROMETHEUS_MULTIPROC_DIR to an empty directory before the api starts: prometheus_client then keeps every process's
+values in files there and /metrics sums them (its multiprocess mode), whichever process answers the scrape."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from tasks.backend_errors import backend_of
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+PREFIX = "steerbatch:"
+
+disable_created_metrics()  # a process's start time as a series per label set: noise next to the workers' series
+_REGISTRY = CollectorRegistry(auto_describe=False)
+ADMISSION_REJECTIONS = Counter(
+    f"{PREFIX}admission_rejections",
+    "Generation requests the api refused before queueing them (429 and 503), by reason (the error's code).",
+    ["model_name", "reason"],
+    registry=_REGISTRY,
+)
+API_BACKEND_ERRORS = Counter(
+    f"{PREFIX}api_backend_errors",
+    "Redis and database errors that made the api answer 503.",
+    ["backend"],
+    registry=_REGISTRY,
+)
+
+
+def count_rejection(model: str, reason: str | None) -> None:
+    ADMISSION_REJECTIONS.labels(model, reason or "unknown").inc()
+
+
+def count_backend_error(exc: BaseException) -> None:
+    backend = backend_of(exc)
+    if backend is not None:
+        API_BACKEND_ERRORS.labels(backend).inc()
+
+
+def api_registry() -> CollectorRegistry:
+    """Every api process's counters when PROMETHEUS_MULTIPROC_DIR is set, else this process's."""
+    if not os.environ.get(MULTIPROC_DIR_ENV):
+        return _REGISTRY
+    registry = CollectorRegistry(auto_describe=False)
+    MultiProcessCollector(registry)
+    return registry
