@@ -4,6 +4,9 @@ The running stack's side is tests/service/test_metrics.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,7 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
-from tasks.config import Config
+from tasks.config import REPO_ROOT, Config
 from tasks.db import upgrade_to_head
 from tasks.streams import renew_worker_lease
 from tasks.worker_stats import BULK, INTERACTIVE, WorkerStats, publish_worker_stats
@@ -102,3 +105,17 @@ def test_refusals_are_counted_by_reason(api: tuple[Config, FlaskClient]) -> None
     for _ in range(2):
         assert client.post("/v1/completions", json=body).status_code == 503
     assert refusals() == before + 2
+
+
+def test_api_counters_add_up_over_processes_in_multiprocess_mode(tmp_path: Path) -> None:
+    """gunicorn with several api processes: each counts in its own files, and any of them renders the sum."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    count = "from api.observability.api_metrics import count_rejection; count_rejection('tiny', 'queue_full')"
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", count], cwd=REPO_ROOT, env=env, check=True, timeout=60)
+    render = "from prometheus_client import generate_latest; from api.observability.api_metrics import api_registry; "
+    render += "print(generate_latest(api_registry()).decode())"
+    done = subprocess.run([sys.executable, "-c", render], cwd=REPO_ROOT, env=env, check=True, timeout=60,
+                          capture_output=True, text=True)  # fmt: skip
+    [family] = [f for f in text_string_to_metric_families(done.stdout) if f.name == "steerbatch:admission_rejections"]
+    assert [(s.labels["reason"], s.value) for s in family.samples] == [("queue_full", 2.0)]
