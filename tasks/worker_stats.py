@@ -13,6 +13,7 @@ import redis
 from tasks.config import Config
 from tasks.streams import RedisKeys
 
+METRIC_PREFIX = "steerbatch:"  # vLLM's metric names with ours instead of "vllm:", so its dashboards translate
 INTERACTIVE = "interactive"  # the kinds of queue a model has: chat and completions, and batch lines
 BULK = "bulk"
 QUEUE_KINDS = (INTERACTIVE, BULK)

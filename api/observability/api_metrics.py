@@ -12,20 +12,20 @@ from prometheus_client import CollectorRegistry, Counter, disable_created_metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from tasks.backend_errors import backend_of
+from tasks.worker_stats import METRIC_PREFIX
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
-PREFIX = "steerbatch:"
 
 disable_created_metrics()  # a process's start time as a series per label set: noise next to the workers' series
 _REGISTRY = CollectorRegistry(auto_describe=False)
 ADMISSION_REJECTIONS = Counter(
-    f"{PREFIX}admission_rejections",
+    f"{METRIC_PREFIX}admission_rejections",
     "Generation requests the api refused before queueing them (429 and 503), by reason (the error's code).",
     ["model_name", "reason"],
     registry=_REGISTRY,
 )
 API_BACKEND_ERRORS = Counter(
-    f"{PREFIX}api_backend_errors",
+    f"{METRIC_PREFIX}api_backend_errors",
     "Redis and database errors that made the api answer 503.",
     ["backend"],
     registry=_REGISTRY,

@@ -9,9 +9,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.observability.api_metrics import PREFIX, api_registry
+from api.observability.api_metrics import api_registry
 from api.observability.cluster import ClusterState
-from tasks.worker_stats import WorkerStats
+from tasks.worker_stats import METRIC_PREFIX, WorkerStats
 
 
 class ClusterCollector(Collector):
@@ -24,18 +24,18 @@ class ClusterCollector(Collector):
         yield self._heartbeats()
 
     def _model_gauges(self) -> Iterator[Metric]:
-        live = GaugeMetricFamily(f"{PREFIX}num_live_workers", "Workers holding a lease.", labels=["model_name"])
+        live = GaugeMetricFamily(f"{METRIC_PREFIX}num_live_workers", "Workers holding a lease.", labels=["model_name"])
         depth = GaugeMetricFamily(
-            f"{PREFIX}queue_depth", "Celery messages waiting, by queue kind.", labels=["model_name", "queue"]
+            f"{METRIC_PREFIX}queue_depth", "Celery messages waiting, by queue kind.", labels=["model_name", "queue"]
         )
         waiting = GaugeMetricFamily(
-            f"{PREFIX}num_requests_waiting",
+            f"{METRIC_PREFIX}num_requests_waiting",
             "Requests taken and not yet running: the Celery queue (batch lines: not yet claimed) plus the engines' "
             "waiting rows, by queue kind.",
             labels=["model_name", "queue"],
         )
         lines = GaugeMetricFamily(
-            f"{PREFIX}batch_lines", "Open batch lines by status.", labels=["model_name", "status"]
+            f"{METRIC_PREFIX}batch_lines", "Open batch lines by status.", labels=["model_name", "status"]
         )
         for model in self._state.models:
             live.add_metric([model.name], len(model.workers))
@@ -49,7 +49,7 @@ class ClusterCollector(Collector):
 
     def _heartbeats(self) -> Metric:
         ages = GaugeMetricFamily(
-            f"{PREFIX}worker_heartbeat_age_seconds",
+            f"{METRIC_PREFIX}worker_heartbeat_age_seconds",
             "Since the worker last renewed its lease and published its stats.",
             labels=["model_name", "worker"],
         )

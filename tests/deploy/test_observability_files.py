@@ -31,5 +31,5 @@ def test_dashboard_queries_exported_metrics_on_the_provisioned_source() -> None:
     exported = "\n".join(path.read_text() for path in METRIC_SOURCES)
     for name in {name for target in targets for name in re.findall(r"steerbatch:([a-z0-9_]+)", target["expr"])}:
         base = next((name.removesuffix(suffix) for suffix in SUFFIXES if name.endswith(suffix)), name)
-        is_exported = f'"{base}"' in exported or f'}}{base}"' in exported  # "name" or f"{PREFIX}name"
+        is_exported = f'"{base}"' in exported or f'}}{base}"' in exported  # "name" or f"{METRIC_PREFIX}name"
         assert is_exported, f"the dashboard queries {name}, which nothing exports"

@@ -19,11 +19,10 @@ from prometheus_client.registry import Collector
 from tasks.backend_errors import backend_of
 from tasks.batch_models import LineStatus
 from tasks.messages import FinishReason, GenerateRequest
-from tasks.worker_stats import BULK, INTERACTIVE, MetricFamily, WorkerStats
+from tasks.worker_stats import BULK, INTERACTIVE, METRIC_PREFIX, MetricFamily, WorkerStats
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import BULK_PRIORITY, INTERACTIVE_PRIORITY
 
-PREFIX = "steerbatch:"
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards and quantiles read the same
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -61,10 +60,10 @@ class ServingMetrics:
         self.backend_errors = self._counter("backend_errors", "Redis and database errors the worker met.", "backend")
 
     def _histogram(self, name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
-        return Histogram(f"{PREFIX}{name}", documentation, buckets=buckets, registry=self.registry)
+        return Histogram(f"{METRIC_PREFIX}{name}", documentation, buckets=buckets, registry=self.registry)
 
     def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
-        return Counter(f"{PREFIX}{name}", documentation, labels, registry=self.registry)
+        return Counter(f"{METRIC_PREFIX}{name}", documentation, labels, registry=self.registry)
 
     def observe_tokens(self, request: GenerateRequest, last_token_at: float | None, now: float) -> None:
         """A pass of the output processor wrote new tokens of `request` at `now` (unix seconds)."""
@@ -115,7 +114,7 @@ class EngineCollector(Collector):
         stats, load, block_size = self._engine.stats, self._engine.load(), self._engine.block_size
         yield _gauge("num_requests_running", "Requests in the engine's batch.", load.num_running)
         waiting = GaugeMetricFamily(
-            f"{PREFIX}engine_num_requests_waiting",
+            f"{METRIC_PREFIX}engine_num_requests_waiting",
             "Requests in the engine waiting for room, by queue.",
             labels=["queue"],
         )
@@ -135,11 +134,11 @@ class EngineCollector(Collector):
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"{PREFIX}{name}", documentation, value=value)
+    return GaugeMetricFamily(f"{METRIC_PREFIX}{name}", documentation, value=value)
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(f"{PREFIX}{name}", documentation, value=value)
+    return CounterMetricFamily(f"{METRIC_PREFIX}{name}", documentation, value=value)
 
 
 def collect_families(registry: CollectorRegistry) -> list[MetricFamily]:
