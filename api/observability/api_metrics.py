@@ -1,12 +1,14 @@
 """The api process's own counters: admission refusals and backend errors.
 
 They live in this process. With more than one gunicorn worker process (api/gunicorn_conf.py runs one), set
-PROMETHEUS_MULTIPROC_DIR to an empty directory before the api starts: prometheus_client then keeps every process's
-values in files there and /metrics sums them (its multiprocess mode), whichever process answers the scrape."""
+PROMETHEUS_MULTIPROC_DIR to a directory: prometheus_client then keeps every process's values in files there and
+/metrics sums them (its multiprocess mode), whichever process answers the scrape. gunicorn's master empties it at
+start (`clear_multiprocess_dir`), so an earlier run's processes do not count twice."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -49,3 +51,11 @@ def api_registry() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     MultiProcessCollector(registry)
     return registry
+
+
+def clear_multiprocess_dir() -> None:
+    """Removes the files of an earlier run's processes, before any process of this run writes its own."""
+    directory = os.environ.get(MULTIPROC_DIR_ENV)
+    if directory:
+        for path in Path(directory).glob("*.db"):
+            path.unlink()

@@ -21,7 +21,7 @@ from tasks.config import REPO_ROOT, Config
 from tasks.db import upgrade_to_head
 from tasks.streams import renew_worker_lease
 from tasks.worker_stats import BULK, INTERACTIVE, WorkerStats, publish_worker_stats
-from tests.conftest import make_test_config
+from tests.conftest import free_port, make_test_config
 from worker.serving.metrics import ServingMetrics, collect_families
 
 LEASE_S = 0.5
@@ -108,7 +108,8 @@ def test_refusals_are_counted_by_reason(api: tuple[Config, FlaskClient]) -> None
 
 
 def test_api_counters_add_up_over_processes_in_multiprocess_mode(tmp_path: Path) -> None:
-    """gunicorn with several api processes: each counts in its own files, and any of them renders the sum."""
+    """gunicorn with several api processes: each counts in its own files, any of them renders the sum, and the next
+    start begins from nothing."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     count = "from api.observability.api_metrics import count_rejection; count_rejection('tiny', 'queue_full')"
     for _ in range(2):
@@ -119,3 +120,24 @@ def test_api_counters_add_up_over_processes_in_multiprocess_mode(tmp_path: Path)
                           capture_output=True, text=True)  # fmt: skip
     [family] = [f for f in text_string_to_metric_families(done.stdout) if f.name == "steerbatch:admission_rejections"]
     assert [(s.labels["reason"], s.value) for s in family.samples] == [("queue_full", 2.0)]
+
+    clear = "from api.observability.api_metrics import clear_multiprocess_dir; clear_multiprocess_dir()"
+    subprocess.run([sys.executable, "-c", clear], cwd=REPO_ROOT, env=env, check=True, timeout=60)  # the next start
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("down", ["redis", "database"])
+def test_probes_are_503_in_openais_shape_when_a_backend_is_down(
+    down: str, tiny_model_dir: Path, redis_url: str, tmp_path: Path
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    upgrade_to_head(database_url)
+    if down == "redis":
+        redis_url = f"redis://127.0.0.1:{free_port()}/0"
+    else:
+        database_url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothing"
+    client = create_app(make_test_config(tiny_model_dir, redis_url, database_url)).test_client()
+    for path in ("/health", "/health/ready", "/metrics"):
+        response = client.get(path)
+        assert response.status_code == 503, (path, response.get_data(as_text=True))
+        assert response.get_json()["error"]["type"] == "service_unavailable"
