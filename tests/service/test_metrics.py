@@ -18,6 +18,7 @@ from scripts.stack import Stack
 from tests.service.conftest import TenantKeys
 from tests.service.http import auth, bearer
 from tests.service.sse import read_frames
+from tests.service.test_steering import SAE_ID, served  # noqa: F401 (the fixture: the stack once it lists the SAE)
 
 NUM_REQUESTS = 3
 TTFT_COUNT = "steerbatch:time_to_first_token_seconds_count"
@@ -93,6 +94,27 @@ def test_counters_move_as_requests_run(stack: Stack) -> None:
     assert all(s.labels["model_name"] == stack.config.model_name and s.labels["worker"] for s in lengths)
     kv = [s for s in after if s.name == "steerbatch:kv_cache_usage_perc"]
     assert kv and all(0 <= s.value <= 1 for s in kv)
+
+
+def test_steered_and_monitored_rows_are_counted(served: Stack, steering_demo: dict) -> None:  # noqa: F811
+    names = ("steerbatch:steered_rows_total", "steerbatch:monitored_rows_total")
+    before = scrape(served)
+    feature = steering_demo["features"][0]
+    steering = {"sae_id": SAE_ID, "features": [{"index": feature["index"], "strength": feature["strength"]}]}
+    body = {"model": served.config.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for extra in ({"steering": steering, "n": 2}, {"monitor": {"sae_id": SAE_ID, "top_k": 1}},
+                  {"steering": {"sae_id": SAE_ID, "features": []}}):  # fmt: skip
+        response = requests.post(f"{served.base_url}/v1/chat/completions", json=body | extra, headers=auth(served),
+                                 timeout=120)  # fmt: skip
+        assert response.status_code == 200, response.text
+
+    def counted() -> tuple[float, ...]:
+        after = scrape(served)
+        return tuple(total(after, name) - total(before, name) for name in names)
+
+    wait_for(lambda: counted() == (2, 1), served.config.worker_lease_s, "two steered rows and one monitored")
+    time.sleep(served.config.worker_lease_s / 3)  # the next publication: an explicitly empty spec steers nothing
+    assert counted() == (2, 1)
 
 
 def test_metrics_need_an_admin_key(stack: Stack, tenant_keys: TenantKeys) -> None:

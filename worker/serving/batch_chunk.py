@@ -189,7 +189,7 @@ class ChunkRunner(TaskRunner):
             finish_reason: FinishReason | None = FinishReason.ABORT
         else:
             finish_reason = FinishReason(outcome.finish_reason) if outcome.finish_reason else None
-        is_error, is_steered = outcome.status == LineStatus.FAILED, outcome.steering is not None
+        is_error, is_steered = outcome.status == LineStatus.FAILED, run.report.is_steered
         self.metrics.observe_finished(
             run.request, finish_reason, outcome.completion_tokens, is_error=is_error, is_steered=is_steered
         )

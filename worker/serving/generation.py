@@ -34,6 +34,7 @@ class Outcome:
     steering: dict[str, Any] | None = None  # the steering that ran, and whether the request or the profile set it
     monitor: dict[str, Any] | None = None  # choice 0's monitored positions
     usage_details: UsageDetails = field(default_factory=UsageDetails)
+    is_steered: bool = False  # features or vectors ran (`steering` also reports an explicitly empty spec)
 
     @classmethod
     def ended(cls, finish_reason: FinishReason | None, error: ErrorInfo | None = None) -> Outcome:
@@ -107,7 +108,9 @@ class GenerationHandler(TaskRunner):
             self.outputs.forget(followed)  # from here on the choices are ours alone to read
             self._cancel(followed)  # a no-op for choices the engine has finished
         outcome = _outcome(list(followed.choices.values()), error)
-        return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
+        return dataclasses.replace(
+            outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer), is_steered=report.is_steered
+        )
 
     def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, SteeringSource]:
         """The request's own steering, else its tenant's profile, else the worker-wide one. The worker reads the
@@ -163,7 +166,7 @@ class GenerationHandler(TaskRunner):
             first.finish_reason,
             outcome.completion_tokens,
             is_error=outcome.error is not None,
-            is_steered=outcome.steering is not None,
+            is_steered=outcome.is_steered,
         )
         logger.info(
             "request %s finished: %s, %d tokens",
