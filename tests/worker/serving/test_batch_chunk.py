@@ -156,6 +156,11 @@ def test_every_line_is_submitted_at_once_at_bulk_priority_and_recorded_once(setu
     assert rows[0].text == runner.tokenizer.decode([engine.token_id] * 3) and rows[0].finish_reason == "length"
     runner.run(chunk)
     assert len(engine.submitted) == 6, "a redelivered chunk runs nothing"
+    counted = runner.metrics.registry.get_sample_value  # once each, the redelivery included
+    assert counted("steerbatch:batch_lines_finished_total", {"status": "completed"}) == 6
+    assert counted("steerbatch:request_success_total", {"finished_reason": "length"}) == 6
+    assert counted("steerbatch:generation_tokens_total") == sum(row.completion_tokens for row in rows)
+    assert counted("steerbatch:prompt_tokens_total") == 6 * 3
 
 
 def test_a_stop_string_ends_a_line_and_its_engine_request(setup) -> None:  # type: ignore[no-untyped-def]
