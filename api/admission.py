@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.errors import APIError
+from api.observability.api_metrics import count_rejection
 from tasks.config import Config
 from tasks.models import RequestRecord, RequestStatus
 from tasks.rate_limits import Budget, RateDecision, charge
@@ -22,7 +23,16 @@ QUEUE_FULL_RETRY_AFTER_S = 1
 
 
 def admit(session: Session, client: redis.Redis, config: Config, model: str, key_name: str, num_tokens: int) -> None:
-    """Raises the refusal, or charges the key and leaves its headers in `g.rate_limit_headers`."""
+    """Raises the refusal (counted in /metrics by its code), or charges the key and leaves its headers in
+    `g.rate_limit_headers`."""
+    try:
+        _admit(session, client, config, model, key_name, num_tokens)
+    except APIError as refusal:
+        count_rejection(model, refusal.info.code)
+        raise
+
+
+def _admit(session: Session, client: redis.Redis, config: Config, model: str, key_name: str, num_tokens: int) -> None:
     if num_live_workers(client, config) == 0:
         raise APIError(
             503,

@@ -14,6 +14,7 @@ from api.blueprints import (
     completions,
     files,
     health,
+    metrics,
     models,
     requests,
     responses_api,
@@ -53,6 +54,7 @@ def create_app(config: Config | None = None) -> Flask:
     blueprints = (
         chat,
         completions,
+        metrics,
         models,
         requests,
         files,
@@ -66,7 +68,7 @@ def create_app(config: Config | None = None) -> Flask:
     )
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
-    app.before_request(authenticate)  # every route but /health (DESIGN rule 7)
+    app.before_request(authenticate)  # every route but the health probes (DESIGN rule 7)
     register_request_limits(app, config)  # body size, URL parts, after authentication
     app.after_request(add_rate_limit_headers)
     app.after_request(add_request_id_header)

@@ -1,5 +1,5 @@
-"""Every route but /health needs `Authorization: Bearer <key>`. The key's tenant owns what a request creates and is
-all it can see; its scope says whether it may change what every tenant gets (the worker-wide steering profile and
+"""Every route but the health probes needs `Authorization: Bearer <key>`. The key's tenant owns what a request creates
+and is all it can see; its scope says whether it may change what every tenant gets (the worker-wide steering profile and
 monitor). No key is ever logged: its name is.
 
 Open mode: while no key exists at all (no API_KEY, no unrevoked key in SQL), an api bound to loopback serves its own
@@ -21,7 +21,7 @@ from tasks.api_keys import Scope, find_key, has_active_keys, key_digest, touch_k
 from tasks.tenants import DEFAULT_TENANT
 
 logger = logging.getLogger(__name__)
-OPEN_ENDPOINTS = frozenset({"health.health"})
+OPEN_ENDPOINTS = frozenset({"health.health", "health.ready"})  # probes: api/blueprints/health.py
 STATIC_KEY_NAME = "API_KEY"  # how logs name the key from the environment
 
 
@@ -58,10 +58,10 @@ def current_principal() -> Principal:
     return g.principal
 
 
-def require_admin(what: str) -> None:
-    """403 unless the caller's key has admin scope; `what` names the action for the message."""
+def require_admin(what: str, why: str = "it changes what every tenant gets") -> None:
+    """403 unless the caller's key has admin scope; `what` names the action and `why` the reason, for the message."""
     if not current_principal().is_admin:
-        message = f"Only an admin key may {what}: it changes what every tenant gets."
+        message = f"Only an admin key may {what}: {why}."
         raise APIError(403, message, code="insufficient_permissions")
 
 

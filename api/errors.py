@@ -11,6 +11,7 @@ from flask import Flask, Response, jsonify
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
+from api.observability.api_metrics import count_backend_error
 from tasks.messages import ErrorInfo
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(ValidationError, lambda exc: error_response(400, validation_error_info(exc)))
     app.register_error_handler(HTTPException, _http_error)
     for error_class in UNAVAILABLE_ERRORS:
-        app.register_error_handler(error_class, _unavailable)
+        app.register_error_handler(error_class, unavailable)
     app.register_error_handler(Exception, _unexpected)
 
 
@@ -78,8 +79,9 @@ def _http_error(exc: HTTPException) -> tuple[Response, int]:
     return response, status
 
 
-def _unavailable(exc: Exception) -> tuple[Response, int]:
+def unavailable(exc: Exception) -> tuple[Response, int]:
     logger.warning("backing service unavailable: %s", exc)
+    count_backend_error(exc)
     message = "A backing service (Redis or the database) is unavailable; retry shortly."
     info = ErrorInfo(message, "service_unavailable", None, "service_unavailable")
     return error_response(503, info, {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)})

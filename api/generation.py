@@ -64,13 +64,14 @@ def build_generate_request(
     grammar = request_grammar(info.tokenizer, fields, tools.grammar)
     longest = max(len(prompt) for prompt in prompts)
     steering, monitor = steering_and_monitor(info, fields, longest, sampling.max_tokens)
+    now = time.time()
     return GenerateRequest(
         request_id=ID_PREFIX[endpoint] + uuid.uuid4().hex,
         endpoint=endpoint,
         model=info.name,
         prompt_token_ids=prompt_ids,
         sampling=sampling,
-        created=int(time.time()),
+        created=int(now),
         n=fields.n,
         steering=steering,
         monitor=monitor,
@@ -80,6 +81,7 @@ def build_generate_request(
         more_prompt_token_ids=list(more_prompt_ids),
         echo=fields.echoes_prompt,
         prompt_logprobs=fields.prompt_logprobs,
+        arrival_time=now,
     )
 
 

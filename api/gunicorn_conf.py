@@ -9,6 +9,7 @@ from typing import Any
 
 from api.exposure import check_exposure
 from api.gunicorn_errors import install as install_json_errors
+from api.observability.api_metrics import clear_multiprocess_dir
 from tasks.config import Config
 from tasks.logs import configure_logging
 
@@ -33,6 +34,7 @@ install_json_errors()
 def on_starting(server: Any) -> None:
     configure_logging(_config)
     check_exposure(_config, [_host_of(address) for address in server.cfg.address])
+    clear_multiprocess_dir()  # PROMETHEUS_MULTIPROC_DIR, when set (api/observability/api_metrics.py)
 
 
 def _host_of(address: Any) -> str:

@@ -140,6 +140,7 @@ class GenerateRequest:
     more_prompt_token_ids: list[list[int]] = field(default_factory=list)  # a completion's prompts after the first
     echo: bool = False  # each choice's text and logprobs start with its prompt's
     prompt_logprobs: int | None = None  # vLLM's: each choice's `prompt_logprobs`, with this many alternatives
+    arrival_time: float = 0.0  # unix seconds, to the microsecond, when the api took it: where latencies start
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -171,6 +172,7 @@ class GenerateRequest:
             "more_prompt_token_ids": [list(prompt) for prompt in self.more_prompt_token_ids],
             "echo": self.echo,
             "prompt_logprobs": self.prompt_logprobs,
+            "arrival_time": self.arrival_time,
         }
 
     @classmethod
@@ -191,6 +193,7 @@ class GenerateRequest:
             more_prompt_token_ids=[list(prompt) for prompt in data.get("more_prompt_token_ids", ())],
             echo=bool(data.get("echo", False)),
             prompt_logprobs=data.get("prompt_logprobs"),
+            arrival_time=float(data.get("arrival_time", data["created"])),  # messages from before it was sent
         )
 
 

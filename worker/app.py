@@ -22,6 +22,7 @@ from worker.engine.model_runner import ModelRunner
 from worker.serving.bulk import BulkRuntime, start_bulk
 from worker.serving.generation import GenerationHandler
 from worker.serving.lease import WorkerLease
+from worker.serving.metrics import EngineCollector, ServingMetrics, worker_stats
 from worker.serving.periodic import PeriodicThread
 from worker.serving.steering_sync import SteeringSync
 
@@ -50,6 +51,8 @@ def load_model(sender: WorkController, **_: object) -> None:
     engine = ContinuousEngine(runner, config)
     engine.start()
     client = connect_redis(config)
+    metrics = ServingMetrics()
+    metrics.registry.register(EngineCollector(engine))
     handler = GenerationHandler(
         config=config,
         engine=engine,
@@ -57,9 +60,15 @@ def load_model(sender: WorkController, **_: object) -> None:
         client=client,
         sessions=make_session_factory(make_db_engine(config.database_url)),
         worker=sender.hostname,
+        metrics=metrics,
     )
     lease = WorkerLease(
-        client, config, sender.hostname, is_healthy=engine.is_alive, read_stats=lambda: engine.stats.to_dict()
+        client,
+        config,
+        sender.hostname,
+        is_healthy=engine.is_alive,
+        read_stats=lambda: worker_stats(sender.hostname, config.model_name, engine, metrics.registry),
+        on_error=metrics.count_error,
     )
     lease.start()
     steering = SteeringSync(client, config, sender.hostname, engine, runner.saes)
@@ -69,7 +78,8 @@ def load_model(sender: WorkController, **_: object) -> None:
     reaper = PeriodicThread("request-reaper", config.worker_lease_s / 2, request_reaper.reap_once)
     reaper.start()
     _runtime.append(WorkerRuntime(engine, handler, lease, steering, reaper))
-    _bulk.append(start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, sender.hostname))
+    bulk = start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, sender.hostname, metrics)
+    _bulk.append(bulk)
     logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_num_seqs)
 
 

@@ -53,6 +53,6 @@ def test_concurrent_requests_share_batches(stack: Stack) -> None:
     # one after another they would take NUM_CONCURRENT x solo; the speed itself is measured by bench/, not here
     assert concurrent_s < NUM_CONCURRENT * solo_s, (concurrent_s, solo_s)
     time.sleep(stack.config.worker_lease_s / 3)  # the next renewal carries the latest stats
-    stats = published_stats(stack)
+    stats = published_stats(stack)["engine"]
     assert stats["max_batch_size_seen"] > 1
     assert sum(count for size, count in stats["batch_size_histogram"].items() if int(size) > 1) > 0

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import Counter
 
 import torch
 
@@ -32,7 +33,7 @@ from worker.engine.sequence import EngineSequence, Submission, request_generator
 from worker.engine.speculation.allowance import speculation_allowance
 from worker.engine.speculation.draft_models import load_proposers
 from worker.engine.speculation.speculator import Allowance, Speculator
-from worker.engine.stats import EngineStats
+from worker.engine.stats import EngineLoad, EngineStats
 from worker.engine.step_tokens import StepTokens, pick_tokens
 from worker.steering.request_sae import resolve_request_sae
 from worker.steering.worker_monitor import WorkerMonitor
@@ -104,6 +105,17 @@ class ContinuousEngine:
     @property
     def num_blocks(self) -> int:
         return self._scheduler.block_manager.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._scheduler.block_manager.block_size
+
+    def load(self) -> EngineLoad:
+        """The batch, the waiting requests and the KV pool as of now, read from another thread without a lock: the
+        engine thread never waits for it (copying a list, reading a length or an int is atomic in CPython)."""
+        waiting = Counter(request.priority for request in list(self._scheduler.waiting))
+        running = len(self._scheduler.running)
+        return EngineLoad(running, dict(waiting), self.num_free_blocks, self.num_blocks)
 
     # --- the engine thread ---
 

@@ -1,4 +1,4 @@
-"""Counters of what the engine ran, for tests, logs and the worker's published stats."""
+"""Counters of what the engine ran, and its load now, for tests, logs and the worker's published metrics."""
 
 from __future__ import annotations
 
@@ -36,3 +36,16 @@ class EngineStats:
             **dataclasses.asdict(self),
             "batch_size_histogram": {str(k): v for k, v in self.batch_size_histogram.items()},
         }
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    num_running: int  # requests in the batch
+    num_waiting_by_priority: dict[int, int]  # requests waiting for room in the batch or the KV pool
+    num_free_blocks: int  # KV blocks no request holds (cached prefixes included: they are reclaimable)
+    num_blocks: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """vLLM's kv_cache_usage_perc: the fraction of blocks held by requests, 0 to 1."""
+        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0

@@ -24,6 +24,7 @@ from tasks.steering_store import default_steering
 from worker.engine.interface import BULK_PRIORITY, Engine, EngineOutput
 from worker.serving.batch_inbox import ChunkInbox
 from worker.serving.batch_stops import StopWatcher
+from worker.serving.metrics import ServingMetrics
 from worker.serving.task_runner import TaskRunner
 from worker.text.choice import Choice, start_choice
 from worker.text.steering_report import SteeringReport
@@ -88,10 +89,11 @@ class ChunkRunner(TaskRunner):
         client: redis.Redis,
         sessions: SessionFactory,
         worker: str,
+        metrics: ServingMetrics,
         stops: StopWatcher,
         after_chunk: Callable[[str], None],
     ) -> None:
-        super().__init__(config, engine, tokenizer, client, sessions, worker)
+        super().__init__(config, engine, tokenizer, client, sessions, worker, metrics)
         self._stops = stops
         self._after_chunk = after_chunk  # closes the batch if this was its last line, and dispatches more
 
@@ -172,13 +174,26 @@ class ChunkRunner(TaskRunner):
             recorded = finish_lines(session, chunk.owner, {run.line.id: outcome for run, outcome in finished})
             events = [(run.line, outcome.status) for run, outcome in finished if run.line.id in recorded]
             publish_lines(self.redis, self.config, session, chunk.task.batch_id, events)
-        for run, _ in finished:
-            if run.line.id not in recorded:
+        for run, outcome in finished:
+            if run.line.id in recorded:
+                self._count(run, outcome)
+            else:
                 logger.warning(
                     "line %d of %s was taken from this worker; its result is dropped",
                     run.line.line_no,
                     chunk.task.batch_id,
                 )
+
+    def _count(self, run: _LineRun, outcome: LineOutcome) -> None:
+        self.metrics.count_line(outcome.status)
+        if outcome.status in (LineStatus.CANCELLED, LineStatus.EXPIRED):
+            finish_reason: FinishReason | None = FinishReason.ABORT
+        else:
+            finish_reason = FinishReason(outcome.finish_reason) if outcome.finish_reason else None
+        is_error, is_steered = outcome.status == LineStatus.FAILED, run.report.is_steered
+        self.metrics.observe_finished(
+            run.request, finish_reason, outcome.completion_tokens, is_error=is_error, is_steered=is_steered
+        )
 
     def _check_stop(self, chunk: _Chunk, stopped_as: LineStatus | None) -> None:
         if stopped_as is not None and chunk.stopped_as is None:

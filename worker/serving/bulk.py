@@ -20,6 +20,7 @@ from tasks.db import SessionFactory
 from worker.engine.interface import Engine
 from worker.serving.batch_chunk import ChunkRunner
 from worker.serving.batch_stops import StopWatcher
+from worker.serving.metrics import ServingMetrics
 from worker.serving.periodic import PeriodicThread
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def start_bulk(
     client: redis.Redis,
     sessions: SessionFactory,
     worker: str,
+    metrics: ServingMetrics,
 ) -> BulkRuntime:
     def enqueue(chunk: ChunkTask) -> None:
         enqueue_chunk(celery, config, chunk)
@@ -62,7 +64,7 @@ def start_bulk(
         )
     stops = StopWatcher(client, config)
     stops.start()
-    chunks = ChunkRunner(config, engine, tokenizer, client, sessions, worker, stops, after_chunk)
+    chunks = ChunkRunner(config, engine, tokenizer, client, sessions, worker, metrics, stops, after_chunk)
 
     def reap() -> None:
         reap_once(sessions, client, config, enqueue)

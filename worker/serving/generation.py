@@ -34,6 +34,7 @@ class Outcome:
     steering: dict[str, Any] | None = None  # the steering that ran, and whether the request or the profile set it
     monitor: dict[str, Any] | None = None  # choice 0's monitored positions
     usage_details: UsageDetails = field(default_factory=UsageDetails)
+    is_steered: bool = False  # features or vectors ran (`steering` also reports an explicitly empty spec)
 
     @classmethod
     def ended(cls, finish_reason: FinishReason | None, error: ErrorInfo | None = None) -> Outcome:
@@ -46,7 +47,7 @@ class GenerationHandler(TaskRunner):
         super().__init__(*args, **kwargs)
         self.cancels = CancelWatcher(self.redis, self.config)
         self.cancels.start()
-        self.outputs = OutputProcessor(self.redis, self.config, self.tokenizer, self.engine)
+        self.outputs = OutputProcessor(self.redis, self.config, self.tokenizer, self.engine, self.metrics)
         self.outputs.start()
 
     def close(self) -> None:
@@ -62,9 +63,10 @@ class GenerationHandler(TaskRunner):
             else:
                 self._emit(request.request_id, StreamEvent(EventType.START))
                 outcome = self._run(request)
-        except Exception:
+        except Exception as exc:
             # Redis or the database failed mid-request: still leave exactly one result, if they let us.
             logger.exception("request %s failed in the worker", request.request_id)
+            self.metrics.count_error(exc)
             outcome = Outcome.ended(None, ErrorInfo("The worker failed while generating.", "server_error"))
         self._finish(request, outcome)
 
@@ -106,7 +108,9 @@ class GenerationHandler(TaskRunner):
             self.outputs.forget(followed)  # from here on the choices are ours alone to read
             self._cancel(followed)  # a no-op for choices the engine has finished
         outcome = _outcome(list(followed.choices.values()), request.n, error)
-        return dataclasses.replace(outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer))
+        return dataclasses.replace(
+            outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer), is_steered=report.is_steered
+        )
 
     def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, SteeringSource]:
         """The request's own steering, else its tenant's profile, else the worker-wide one. The worker reads the
@@ -156,6 +160,15 @@ class GenerationHandler(TaskRunner):
         if not is_recorded:
             logger.warning("request %s already had a result; this run's is dropped", request.request_id)
             return
+        first = outcome.choices[0]
+        self.metrics.observe_e2e(request)
+        self.metrics.observe_finished(
+            request,
+            first.finish_reason,
+            outcome.completion_tokens,
+            is_error=outcome.error is not None,
+            is_steered=outcome.is_steered,
+        )
         logger.info(
             "request %s finished: %s, %d tokens",
             request.request_id,

@@ -1,17 +1,17 @@
-"""The worker's liveness lease in Redis, renewed from its own thread while the worker is healthy, with its stats."""
+"""The worker's liveness lease in Redis, renewed from its own thread while the worker is healthy, with its stats and
+metrics (tasks/worker_stats.py) beside it."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
 from tasks.config import Config
 from tasks.streams import renew_worker_lease
-from tasks.worker_stats import publish_worker_stats
+from tasks.worker_stats import WorkerStats, publish_worker_stats
 
 logger = logging.getLogger(__name__)
 RENEWALS_PER_LEASE = 3  # a lease survives two missed renewals
@@ -24,18 +24,20 @@ class WorkerLease:
         config: Config,
         worker: str,
         is_healthy: Callable[[], bool],
-        read_stats: Callable[[], dict[str, Any]] | None = None,
+        read_stats: Callable[[], WorkerStats] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.worker = worker
         self._is_healthy = is_healthy
         self._read_stats = read_stats
+        self._on_error = on_error  # told of each failed renewal
         self._client = client
         self._config = config
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._renew_forever, name="worker-lease", daemon=True)
 
     def start(self) -> None:
-        renew_worker_lease(self._client, self._config, self.worker)
+        self._renew()  # the stats too, so a live worker is never without them for a whole renewal period
         self._thread.start()
 
     def stop(self) -> None:
@@ -47,8 +49,13 @@ class WorkerLease:
                 logger.error("%s is unhealthy; letting its lease lapse so its requests fail", self.worker)
                 return
             try:
-                renew_worker_lease(self._client, self._config, self.worker)
-                if self._read_stats is not None:
-                    publish_worker_stats(self._client, self._config, self.worker, self._read_stats())
+                self._renew()
             except redis.RedisError as exc:
                 logger.warning("could not renew the lease of %s: %s", self.worker, exc)
+                if self._on_error is not None:
+                    self._on_error(exc)
+
+    def _renew(self) -> None:
+        renew_worker_lease(self._client, self._config, self.worker)
+        if self._read_stats is not None:
+            publish_worker_stats(self._client, self._config, self._read_stats())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 import redis
@@ -19,6 +20,7 @@ from tasks.config import Config
 from tasks.messages import ErrorInfo, EventType, GenerateRequest, StreamEvent
 from tasks.streams import RedisKeys, append_json_to_streams
 from worker.engine.interface import Engine, EngineOutput
+from worker.serving.metrics import ServingMetrics
 from worker.text.choice import Choice, ChoiceDelta
 from worker.text.steering_report import SteeringReport
 
@@ -40,6 +42,7 @@ class FollowedRequest:
     is_followed: bool = False  # the processor's lock: its outputs are applied from now on
     is_forgotten: bool = False  # the processor's lock: its outputs are dropped from now on
     is_in_pass: bool = False  # the processor's lock: a pass has taken outputs of it and not yet written their events
+    last_token_at: float | None = None  # the processor's thread: unix seconds of the last pass that wrote its tokens
 
     def apply(
         self, outputs: list[EngineOutput], tokenizer: PreTrainedTokenizerFast, engine: Engine
@@ -88,8 +91,16 @@ class OutputProcessor:
     """`put` is the engine's output callback (any thread); `follow` starts applying a request's outputs, `forget`
     stops it and returns once no event of the request is being written."""
 
-    def __init__(self, client: redis.Redis, config: Config, tokenizer: PreTrainedTokenizerFast, engine: Engine) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        config: Config,
+        tokenizer: PreTrainedTokenizerFast,
+        engine: Engine,
+        metrics: ServingMetrics,
+    ) -> None:
         self._client = client
+        self._metrics = metrics
         self._config = config
         self._keys = RedisKeys(config.redis_prefix)
         self._tokenizer = tokenizer
@@ -166,6 +177,7 @@ class OutputProcessor:
         """One transaction writes the pass's events, so a failed write fails every request that had events in it."""
         entries: list[tuple[str, dict]] = []
         written = []
+        with_tokens = []
         for followed, outputs in taken:
             try:
                 events = followed.apply(outputs, self._tokenizer, self._engine)
@@ -177,16 +189,28 @@ class OutputProcessor:
             key = self._keys.request_stream(followed.request.request_id)
             entries.extend((key, event.to_dict()) for event in events)
             written.append(followed)
+            if any(event.token_ids for event in events):
+                with_tokens.append(followed)
         try:
             if entries:
                 append_json_to_streams(self._client, self._config, entries)
         except redis.RedisError as exc:
             logger.warning("writing %d stream events of %d requests failed: %s", len(entries), len(written), exc)
+            self._metrics.count_error(exc)
             for followed in written:
                 followed.failure = exc
+        self._time_tokens(with_tokens)
         for followed in written:
             if followed.failure is not None or followed.has_ended:
                 self._end(followed)
+
+    def _time_tokens(self, with_tokens: list[FollowedRequest]) -> None:
+        """First-token and inter-token latencies of the requests whose tokens this pass wrote, as clients see them."""
+        now = time.time()
+        for followed in with_tokens:
+            if followed.failure is None:
+                self._metrics.observe_tokens(followed.request, followed.last_token_at, now)
+                followed.last_token_at = now
 
     def _end(self, followed: FollowedRequest) -> None:
         with self._lock:

@@ -1,4 +1,5 @@
-"""What every Celery task thread of a worker runs with: the engine, the tokenizer, Redis, SQL and its own name."""
+"""What every Celery task thread of a worker runs with: the engine, the tokenizer, Redis, SQL, its own name and the
+worker's metrics."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from tasks.config import Config
 from tasks.db import SessionFactory
 from worker.engine.interface import Engine
+from worker.serving.metrics import ServingMetrics
 
 
 class TaskRunner:
@@ -21,6 +23,7 @@ class TaskRunner:
         client: redis.Redis,
         sessions: SessionFactory,
         worker: str,
+        metrics: ServingMetrics,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -28,3 +31,4 @@ class TaskRunner:
         self.redis = client
         self.sessions = sessions
         self.worker = worker  # the Celery node name, which claims requests and holds leases
+        self.metrics = metrics

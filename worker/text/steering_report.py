@@ -29,6 +29,11 @@ class SteeringReport:
         if self._monitor is not None and self._monitor.positions is MonitorPositions.LAST:
             del self._positions[:-1]
 
+    @property
+    def is_steered(self) -> bool:
+        """Whether features or vectors ran (an explicitly empty spec is reported, but steers nothing)."""
+        return self._steering is not None and self._steering.is_steering
+
     def steering(self) -> dict[str, Any] | None:
         return None if self._steering is None else {**self._steering.echo_dict(), "source": self._source.value}
 

@@ -24,6 +24,7 @@ from tests.batch_rows import accept_rows, queued_line_row
 from worker.engine.interface import BULK_PRIORITY, EngineOutput, EngineRequest, OutputCallback
 from worker.serving.batch_chunk import ChunkRunner
 from worker.serving.batch_stops import StopWatcher
+from worker.serving.metrics import ServingMetrics
 from worker.text.choice import ENGINE_FAILURE
 
 
@@ -102,7 +103,8 @@ def setup(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[tupl
     sessions = make_session_factory(make_db_engine(database_url))
     stops = StopWatcher(client, config)
     stops.start()
-    runner = ChunkRunner(config, engine, tokenizer, client, sessions, "test-worker", stops, after_chunk=lambda _: None)
+    metrics = ServingMetrics()
+    runner = ChunkRunner(config, engine, tokenizer, client, sessions, "test-worker", metrics, stops, lambda _: None)
     yield config, runner, engine
     stops.stop()
     engine.stop()
@@ -154,6 +156,11 @@ def test_every_line_is_submitted_at_once_at_bulk_priority_and_recorded_once(setu
     assert rows[0].text == runner.tokenizer.decode([engine.token_id] * 3) and rows[0].finish_reason == "length"
     runner.run(chunk)
     assert len(engine.submitted) == 6, "a redelivered chunk runs nothing"
+    counted = runner.metrics.registry.get_sample_value  # once each, the redelivery included
+    assert counted("steerbatch:batch_lines_finished_total", {"status": "completed"}) == 6
+    assert counted("steerbatch:request_success_total", {"finished_reason": "length"}) == 6
+    assert counted("steerbatch:generation_tokens_total") == sum(row.completion_tokens for row in rows)
+    assert counted("steerbatch:prompt_tokens_total") == 6 * 3
 
 
 def test_a_stop_string_ends_a_line_and_its_engine_request(setup) -> None:  # type: ignore[no-untyped-def]

@@ -22,6 +22,7 @@ from tasks.streams import RedisKeys, request_cancel
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.model_runner import ModelRunner
 from worker.serving.generation import GenerationHandler
+from worker.serving.metrics import ServingMetrics
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,7 @@ def handler(
         client=client,
         sessions=make_session_factory(make_db_engine(database_url)),
         worker="test-worker",
+        metrics=ServingMetrics(),
     )
     yield handler
     handler.close()

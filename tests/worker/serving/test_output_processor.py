@@ -20,6 +20,7 @@ from tasks.steering_messages import SteeringSource
 from tasks.streams import RedisKeys
 from tests.conftest import free_port
 from worker.engine.interface import EngineOutput
+from worker.serving.metrics import ServingMetrics
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
 from worker.text.choice import ENGINE_FAILURE, Choice, engine_request_id
 from worker.text.steering_report import SteeringReport
@@ -83,7 +84,7 @@ def start(
 ) -> tuple[Any, redis.Redis]:
     """A started processor of `kind` writing through `client` (default: to the test's Redis), and that client."""
     client = client or redis.Redis.from_url(config.redis_url)
-    processor = kind(client, config, tokenizer, engine or CancelRecorder())  # type: ignore[arg-type]
+    processor = kind(client, config, tokenizer, engine or CancelRecorder(), ServingMetrics())  # type: ignore[arg-type]
     processor.start()
     processors.append(processor)
     return processor, client
