@@ -10,7 +10,7 @@ from flask import Flask, Response, g
 from api.auth import authenticate
 from api.blueprints import batches, chat, completions, files, health, models, requests, saes, steering
 from api.errors import register_error_handlers
-from api.prompts import load_model_info
+from api.prompts import load_models
 from api.request_limits import register_request_limits
 from api.services import Services, close_db_session
 from api.stream_hub import BLOCK_MS, StreamHub
@@ -33,7 +33,7 @@ def create_app(config: Config | None = None) -> Flask:
         streams=StreamHub(client, RedisKeys(config.redis_prefix).stream_hub_wake(uuid.uuid4().hex)),
         sessions=make_session_factory(make_db_engine(config.database_url)),
         celery=create_celery(config),
-        model_info=load_model_info(config),
+        models=load_models(config),
         started_at=int(time.time()),
     )
     blueprints = (chat, completions, models, requests, files, batches, health, saes, steering)

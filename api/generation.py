@@ -36,15 +36,18 @@ ERROR_STATUS = {"invalid_request_error": 400, "service_unavailable": 503}  # els
 ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-"}
 
 
-def check_model_name(name: str) -> None:
-    served = services().model_info.name
-    if name != served:
+def model_info_for(name: str) -> ModelInfo:
+    """The served model `name`; 404 `model_not_found` (as OpenAI and vLLM answer) when it is not one."""
+    models = services().models
+    if name not in models:
+        served = ", ".join(f"`{served}`" for served in models)
         raise APIError(
-            400,
-            f"The model `{name}` does not exist. This server serves `{served}`.",
+            404,
+            f"The model `{name}` does not exist. This server serves {served}.",
             param="model",
             code="model_not_found",
         )
+    return models[name]
 
 
 def build_generate_request(
@@ -77,10 +80,15 @@ def build_generate_request(
 
 
 def generate(
-    endpoint: Endpoint, fields: GenerationFields, prompt_ids: list[int], body: dict, tools: ToolPlan = NO_TOOLS
+    info: ModelInfo,
+    endpoint: Endpoint,
+    fields: GenerationFields,
+    prompt_ids: list[int],
+    body: dict,
+    tools: ToolPlan = NO_TOOLS,
 ) -> Response:
     tenant = current_principal().tenant
-    generate_request = build_generate_request(services().model_info, endpoint, fields, prompt_ids, tenant, tools)
+    generate_request = build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools)
     record = _record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
 

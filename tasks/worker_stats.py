@@ -15,8 +15,9 @@ def worker_stats_key(config: Config, worker: str) -> str:
 
 
 def publish_worker_stats(client: redis.Redis, config: Config, worker: str, stats: dict[str, Any]) -> None:
-    """Expires with the lease, so a dead worker's numbers do not linger as if it were alive."""
-    client.set(worker_stats_key(config, worker), json.dumps(stats), px=int(config.worker_lease_s * 1000))
+    """Expires with the lease, so a dead worker's numbers do not linger as if it were alive; names its model."""
+    published = {**stats, "model": config.model_name}
+    client.set(worker_stats_key(config, worker), json.dumps(published), px=int(config.worker_lease_s * 1000))
 
 
 def read_worker_stats(client: redis.Redis, config: Config, worker: str) -> dict[str, Any] | None:

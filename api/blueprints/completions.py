@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from api.generation import check_model_name, generate, json_body
+from api.generation import generate, json_body, model_info_for
 from api.prompts import completion_prompt_ids
 from api.schemas import CompletionRequest
-from api.services import services
 from tasks.messages import Endpoint
 
 bp = Blueprint("completions", __name__)
@@ -17,6 +16,6 @@ bp = Blueprint("completions", __name__)
 def create_completion() -> Response:
     body = json_body()
     completion = CompletionRequest.model_validate(body)
-    check_model_name(completion.model)
-    prompt_ids = completion_prompt_ids(services().model_info.tokenizer, completion.prompt)
-    return generate(Endpoint.COMPLETIONS, completion, prompt_ids, body)
+    info = model_info_for(completion.model)
+    prompt_ids = completion_prompt_ids(info.tokenizer, completion.prompt)
+    return generate(info, Endpoint.COMPLETIONS, completion, prompt_ids, body)

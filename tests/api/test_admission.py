@@ -36,7 +36,7 @@ def make_client(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterato
     yield make
     client = redis.Redis.from_url(redis_url)
     for config in configs:
-        client.delete(config.interactive_queue)
+        client.delete(config.interactive_queue_of(config.model_name))
         for key in client.scan_iter(f"{config.redis_prefix}*"):
             client.delete(key)
 

@@ -221,7 +221,7 @@ def test_closing_twice_writes_one_set_of_files(session: Session) -> None:
 
 
 def test_chunk_task_round_trips() -> None:
-    chunk = ChunkTask("batch_1", "chunk_2")
+    chunk = ChunkTask("batch_1", "chunk_2", "tiny")
     assert ChunkTask.from_dict(chunk.to_dict()) == chunk
 
 
