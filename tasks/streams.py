@@ -213,12 +213,15 @@ def live_workers(client: redis.Redis, config: Config) -> list[LiveWorker]:
     """Every worker alive now, with the model it serves, in two calls."""
     keys = RedisKeys(config.redis_prefix)
     now = time.time()
-    leases = client.zrangebyscore(keys.live_workers(), now, "+inf", withscores=True)
+    leases = [
+        (_text(name), ends_at)
+        for name, ends_at in client.zrangebyscore(keys.live_workers(), now, "+inf", withscores=True)
+    ]
     if not leases:
         return []
     models = client.mget([keys.worker_lease(name) for name, _ in leases])
     return [
-        LiveWorker(_text(name), _text(model), round(max(0.0, now - (ends_at - config.worker_lease_s)), 3))
+        LiveWorker(name, _text(model), round(max(0.0, now - (ends_at - config.worker_lease_s)), 3))
         for (name, ends_at), model in zip(leases, models, strict=True)
         if model is not None  # its lease lapsed between the two calls
     ]
