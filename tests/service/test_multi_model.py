@@ -112,6 +112,7 @@ def test_a_killed_models_worker_leaves_the_other_serving_and_its_model_refused_f
     stack = two_models
     worker = stack.process(f"worker-{DRAFT}-0")
     worker.popen.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
     worker.popen.wait()
     stack.processes.remove(worker)  # the stack's other children must stay alive for it
     client = redis.Redis.from_url(stack.config.redis_url)
@@ -124,6 +125,8 @@ def test_a_killed_models_worker_leaves_the_other_serving_and_its_model_refused_f
     refused = complete(stack, DRAFT)
     refused_in_s = time.monotonic() - started
     assert refused.status_code == 503 and refused_in_s < 2, f"{refused.status_code} after {refused_in_s:.1f} s"
+    after_kill_s = started - killed_at
+    print(f"{DRAFT}: 503 {after_kill_s:.1f} s after the kill (lease {LEASE_S} s), in {refused_in_s * 1000:.0f} ms")
     error = refused.json()["error"]
     assert (error["type"], error["code"]) == ("service_unavailable", "no_worker_available")
     assert set(error) == {"message", "type", "param", "code"} and int(refused.headers["Retry-After"]) > 0
