@@ -25,9 +25,9 @@ from tests.service.http import auth
 
 DRAFT = "tiny-draft"
 LEASE_S = 1.5
-# The first test builds the draft model when it is missing (about a minute on an idle 2-core machine) and starts two
-# workers and the api.
-pytestmark = pytest.mark.timeout(900)
+# The first test builds the draft model when it is missing (a minute on an idle 2-core machine, 18 on a busy one)
+# and starts two workers and the api.
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
