@@ -15,10 +15,11 @@ COPY scripts scripts
 COPY migrations migrations
 COPY alembic.ini ./
 RUN pip install torch==2.13.0 && pip install -e .
-# The code stays root's and read-only to the service; var/ (a SQLite file, if one is used) and the caches are its own.
+# The code stays root's and read-only to the service; var/ (a SQLite file, if one is used), built/ (the tiny model
+# docker-compose builds into a volume mounted there, which takes this folder's owner) and the caches are its own.
 RUN useradd --system --create-home --uid 10001 steerbatch \
-    && mkdir -p /app/var /home/steerbatch/.cache/huggingface \
-    && chown -R steerbatch:steerbatch /app/var /home/steerbatch/.cache
+    && mkdir -p /app/var /app/built /home/steerbatch/.cache/huggingface \
+    && chown -R steerbatch:steerbatch /app/var /app/built /home/steerbatch/.cache
 USER steerbatch
 EXPOSE 8000
 CMD ["gunicorn", "-c", "python:api.gunicorn_conf", "api.app:create_app()"]

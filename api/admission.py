@@ -1,6 +1,6 @@
-"""Whether a new generation request may join its model's queue: a live worker to run it, room in the queue, and the
-calling key's rate limits. A refusal is a 503 or 429 with Retry-After in OpenAI's shape, before anything is recorded;
-an admitted request carries the key's x-ratelimit-* headers, as OpenAI's responses do."""
+"""Whether a new generation request may join its model's queue: a live worker of that model to run it, room in that
+model's queue, and the calling key's rate limits. A refusal is a 503 or 429 with Retry-After in OpenAI's shape,
+before anything is recorded; an admitted request carries the key's x-ratelimit-* headers, as OpenAI's responses do."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def admit(session: Session, client: redis.Redis, config: Config, model: str, key
 
 
 def _admit(session: Session, client: redis.Redis, config: Config, model: str, key_name: str, num_tokens: int) -> None:
-    if num_live_workers(client, config) == 0:
+    if num_live_workers(client, config, model) == 0:
         raise APIError(
             503,
             f"No worker serving {model} is running; retry shortly.",

@@ -24,7 +24,7 @@ from api.blueprints import (
     version,
 )
 from api.errors import register_error_handlers
-from api.prompts import load_model_info
+from api.prompts import load_models
 from api.request_ids import add_request_id_header
 from api.request_limits import register_request_limits
 from api.services import Services, close_db_session
@@ -48,7 +48,7 @@ def create_app(config: Config | None = None) -> Flask:
         streams=StreamHub(client, RedisKeys(config.redis_prefix).stream_hub_wake(uuid.uuid4().hex)),
         sessions=make_session_factory(make_db_engine(config.database_url)),
         celery=create_celery(config),
-        model_info=load_model_info(config),
+        models=load_models(config),
         started_at=int(time.time()),
     )
     blueprints = (

@@ -10,8 +10,8 @@ from pydantic import Field, ValidationError
 
 from api.body_checks import check_json_values, load_json_object, unsafe_text_reason
 from api.errors import APIError, validation_error_info
-from api.generation import build_generate_request, check_model_name
-from api.prompts import ModelInfo, chat_prompt_ids, completion_prompt_ids
+from api.generation import build_generate_request, model_info_for
+from api.prompts import chat_prompt_ids, completion_prompt_ids
 from api.schemas import ChatCompletionRequest, CompletionRequest, StrictModel
 from api.tools import tool_plan
 from tasks.messages import Endpoint, ErrorInfo, GenerateRequest
@@ -58,10 +58,11 @@ def iter_lines(content: bytes) -> Iterator[tuple[int, bytes]]:
 
 
 def parse_line(
-    info: ModelInfo, line_no: int, raw: bytes, batch_url: str, tenant: str, seen: set[str], max_bytes: int
+    batch_model: str | None, line_no: int, raw: bytes, batch_url: str, tenant: str, seen: set[str], max_bytes: int
 ) -> ParsedLine:
     """One line as `tenant`'s request, or its error naming the line: a line is checked as a request body is (size,
-    JSON, numbers, strings, then the endpoint's validation); call inside an app context."""
+    JSON, numbers, strings, then the endpoint's validation), and must name `batch_model`, the model of the batch's
+    earlier valid lines (None before the first), as OpenAI's batches run one model; call inside an app context."""
     custom_id = None
     try:
         if len(raw) > max_bytes:
@@ -78,7 +79,7 @@ def parse_line(
         if line.url != batch_url:
             message = f"url must be the batch's endpoint {batch_url}, not {line.url!r}"
             raise LineError(ErrorInfo(message, param="url", code="invalid_url"))
-        request = generate_request(info, URL_ENDPOINTS[line.url], line.body, tenant)
+        request = generate_request(batch_model, URL_ENDPOINTS[line.url], line.body, tenant)
     except LineError as exc:
         return ParsedLine(line_no, custom_id, error=_with_line(exc.info, line_no))
     except ValidationError as exc:
@@ -96,7 +97,7 @@ def _storable_custom_id(value: object) -> str | None:
     return None
 
 
-def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any], tenant: str) -> GenerateRequest:
+def generate_request(batch_model: str | None, endpoint: Endpoint, body: dict[str, Any], tenant: str) -> GenerateRequest:
     """The request one line's body makes, validated like a POST to its endpoint; a batch line never streams."""
     fields = (
         ChatCompletionRequest.model_validate(body)
@@ -105,7 +106,10 @@ def generate_request(info: ModelInfo, endpoint: Endpoint, body: dict[str, Any], 
     )
     if fields.stream:
         raise LineError(ErrorInfo("stream is not supported in batch requests", param="stream", code="invalid_value"))
-    check_model_name(fields.model)
+    info = model_info_for(fields.model)
+    if batch_model is not None and fields.model != batch_model:
+        message = f"A batch's lines name one model; earlier lines name {batch_model!r}, this one {fields.model!r}"
+        raise LineError(ErrorInfo(message, param="model", code="model_mismatch"))
     if isinstance(fields, ChatCompletionRequest):
         tools = tool_plan(info.tokenizer, fields, info.tool_call_parser)
         prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages, tools.template_tools, fields)

@@ -69,6 +69,7 @@ class Validation:
     errors: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_BATCH_ERRORS, kept on the batch
     num_lines: int = 0
     num_invalid: int = 0
+    model: str | None = None  # what its first valid line names; every line must name it
 
 
 def batch_validator() -> BatchValidator:
@@ -153,7 +154,7 @@ class BatchValidator:
         rows = []
         for line_no, raw in itertools.islice(validation.lines, SLICE_LINES):
             parsed = parse_line(
-                svc.model_info,
+                validation.model,
                 line_no,
                 raw,
                 validation.endpoint,
@@ -162,6 +163,8 @@ class BatchValidator:
                 svc.config.max_request_bytes,
             )
             rows.append(line_row(validation.batch_id, parsed))
+            if parsed.request is not None:
+                validation.model = parsed.request.model
             if parsed.error is not None:
                 validation.num_invalid += 1
                 if len(validation.errors) < MAX_BATCH_ERRORS:
@@ -187,7 +190,7 @@ class BatchValidator:
         """Every line is in the ledger: the batch in progress with its first chunks dispatched, or failed."""
         svc = services()
         errors = validation.errors or ([] if validation.num_lines else [EMPTY_FILE])
-        if start_validated(session, validation.batch_id, errors):
+        if start_validated(session, validation.batch_id, errors, validation.model):
             publish_status(svc.redis, svc.config, session, validation.batch_id)
             dispatch_and_enqueue(session, svc.config, lambda chunk: enqueue_chunk(svc.celery, svc.config, chunk))
         elif close_batch(session, validation.batch_id, BatchStatus.VALIDATING, BatchStatus.FAILED):

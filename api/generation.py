@@ -37,15 +37,18 @@ ERROR_STATUS = {"invalid_request_error": 400, "service_unavailable": 503}  # els
 ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-"}
 
 
-def check_model_name(name: str) -> None:
-    served = services().model_info.name
-    if name != served:
+def model_info_for(name: str) -> ModelInfo:
+    """The served model `name`; 404 `model_not_found` (as OpenAI and vLLM answer) when it is not one."""
+    models = services().models
+    if name not in models:
+        served = ", ".join(f"`{served}`" for served in models)
         raise APIError(
-            400,
-            f"The model `{name}` does not exist. This server serves `{served}`.",
+            404,
+            f"The model `{name}` does not exist. This server serves {served}.",
             param="model",
             code="model_not_found",
         )
+    return models[name]
 
 
 def build_generate_request(
@@ -86,6 +89,7 @@ def build_generate_request(
 
 
 def generate(
+    info: ModelInfo,
     endpoint: Endpoint,
     fields: GenerationFields,
     prompt_ids: list[int],
@@ -95,7 +99,6 @@ def generate(
 ) -> Response:
     """Every prompt's choices are one request: one row, one stream, submitted to the engine together."""
     tenant = current_principal().tenant
-    info = services().model_info
     generate_request = build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools, more_prompt_ids)
     note_request_id(generate_request.request_id)
     record = record_and_enqueue(generate_request, body)

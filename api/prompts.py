@@ -32,6 +32,11 @@ class ModelInfo:
     tool_call_parser: str = "hermes"  # the format the model writes tool calls in (the workers share this Config)
 
 
+def load_models(config: Config) -> dict[str, ModelInfo]:
+    """Every served model's info by name (`SERVED_MODELS`), the default one first, each loaded once."""
+    return {name: load_model_info(config.for_model(name)) for name in config.served_model_paths()}
+
+
 def load_model_info(config: Config) -> ModelInfo:
     if config.tool_call_parser not in PARSERS:
         raise ValueError(f"TOOL_CALL_PARSER={config.tool_call_parser!r}: use one of {', '.join(PARSERS)}")

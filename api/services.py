@@ -1,4 +1,4 @@
-"""What a request handler needs, built once per app: config, Redis, SQL sessions, Celery, the tokenizer."""
+"""What a request handler needs, built once per app: config, Redis, SQL sessions, Celery, each model's tokenizer."""
 
 from __future__ import annotations
 
@@ -22,8 +22,13 @@ class Services:
     streams: StreamHub  # reads the request streams this process relays
     sessions: SessionFactory
     celery: Celery
-    model_info: ModelInfo
+    models: dict[str, ModelInfo]  # the served models by name, the default one first
     started_at: int
+
+    @property
+    def model_info(self) -> ModelInfo:
+        """The default model: what model-wide settings (the worker-wide steering profile and monitor) check against."""
+        return next(iter(self.models.values()))
 
 
 def services() -> Services:

@@ -15,9 +15,10 @@ from tasks.steering_messages import MonitorSpec, SteeringSpec
 from tasks.steering_store import read_saes
 
 
-def sae_listings() -> dict[str, dict[str, Any]]:
+def sae_listings(model: str) -> dict[str, dict[str, Any]]:
+    """The SAEs the live workers of the served `model` publish."""
     svc = services()
-    return read_saes(svc.redis, svc.config)
+    return read_saes(svc.redis, svc.config, model)
 
 
 def check_sae(sae_id: str, listings: dict[str, dict[str, Any]], param: str) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def check_indices(indices: list[int], d_sae: int, param: str) -> None:
 def steering_spec(body: SteeringBody, info: ModelInfo, prefix: str = "steering.") -> SteeringSpec:
     """`prefix` leads every `param` named: the field holding the body ("" when it is the whole body)."""
     if body.sae_id is not None:
-        listing = check_sae(body.sae_id, sae_listings(), f"{prefix}sae_id")
+        listing = check_sae(body.sae_id, sae_listings(info.name), f"{prefix}sae_id")
         check_indices([feature.index for feature in body.features], listing["d_sae"], f"{prefix}features.{{}}.index")
     for position, vector in enumerate(body.vectors):
         where = f"{prefix}vectors.{position}"
@@ -50,9 +51,9 @@ def steering_spec(body: SteeringBody, info: ModelInfo, prefix: str = "steering."
     return body.to_spec()
 
 
-def monitor_spec(body: MonitorBody, num_prompt_tokens: int, max_tokens: int) -> MonitorSpec:
+def monitor_spec(info: ModelInfo, body: MonitorBody, num_prompt_tokens: int, max_tokens: int) -> MonitorSpec:
     config = services().config
-    listing = check_sae(body.sae_id, sae_listings(), "monitor.sae_id")
+    listing = check_sae(body.sae_id, sae_listings(info.name), "monitor.sae_id")
     check_indices(body.features or [], listing["d_sae"], "monitor.features.{}")
     if body.top_k > config.monitor_max_top_k:
         message = f"monitor.top_k is at most {config.monitor_max_top_k}."
@@ -69,7 +70,7 @@ def monitor_spec(body: MonitorBody, num_prompt_tokens: int, max_tokens: int) -> 
 
 
 def worker_monitor_settings(body: WorkerMonitorBody) -> dict[str, Any]:
-    listing = check_sae(body.sae_id, sae_listings(), "sae_id")
+    listing = check_sae(body.sae_id, sae_listings(services().model_info.name), "sae_id")
     check_indices(body.features, listing["d_sae"], "features.{}")
     return {"sae_id": body.sae_id, "features": list(body.features)}
 
@@ -79,5 +80,5 @@ def steering_and_monitor(
 ) -> tuple[SteeringSpec | None, MonitorSpec | None]:
     """What a chat, completions or batch-line body asks for; None where it says nothing."""
     steering = None if fields.steering is None else steering_spec(fields.steering, info)
-    monitor = None if fields.monitor is None else monitor_spec(fields.monitor, num_prompt_tokens, max_tokens)
+    monitor = None if fields.monitor is None else monitor_spec(info, fields.monitor, num_prompt_tokens, max_tokens)
     return steering, monitor

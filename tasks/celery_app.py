@@ -26,7 +26,7 @@ def create_celery(config: Config) -> Celery:
         # Threads, not processes: every task thread hands work to the one engine that owns the device.
         worker_pool="threads",
         worker_concurrency=config.worker_concurrency,
-        task_default_queue=config.interactive_queue,
+        task_default_queue=config.interactive_queue_of(config.model_name),
         worker_send_task_events=True,
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
@@ -45,8 +45,9 @@ def create_celery(config: Config) -> Celery:
 
 
 def enqueue_generate(app: Celery, config: Config, request: GenerateRequest) -> None:
-    app.send_task(GENERATE_TASK, args=[request.to_dict()], queue=config.interactive_queue)
+    """On the interactive queue of the request's model, which only that model's workers consume."""
+    app.send_task(GENERATE_TASK, args=[request.to_dict()], queue=config.interactive_queue_of(request.model))
 
 
 def enqueue_chunk(app: Celery, config: Config, chunk: ChunkTask) -> None:
-    app.send_task(BATCH_CHUNK_TASK, args=[chunk.to_dict()], queue=config.bulk_queue)
+    app.send_task(BATCH_CHUNK_TASK, args=[chunk.to_dict()], queue=config.bulk_queue_of(chunk.model))

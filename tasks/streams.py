@@ -46,6 +46,10 @@ class RedisKeys:
         """A sorted set: each worker scored by when its lease ends, so the api counts live ones in one call."""
         return f"{self.prefix}workers"
 
+    def live_workers_of(self, model: str) -> str:
+        """`live_workers` of one served model's workers."""
+        return f"{self.prefix}workers:model:{model}"
+
 
 def connect_redis(config: Config, *, block_s: float = 0.0) -> redis.Redis:
     """A client whose reads outlast the longest XREAD block we issue."""
@@ -176,18 +180,56 @@ def read_cancel_flags(client: redis.Redis, config: Config, request_ids: list[str
     return {request_id for request_id, value in zip(request_ids, values, strict=True) if value}
 
 
+@dataclass(frozen=True)
+class LiveWorker:
+    name: str
+    model: str
+    heartbeat_age_s: float  # since its last lease renewal
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "model": self.model, "heartbeat_age_s": self.heartbeat_age_s}
+
+
 def renew_worker_lease(client: redis.Redis, config: Config, worker: str) -> None:
+    """The lease of `worker`, serving `config`'s model: its key holds the model's name."""
     keys = RedisKeys(config.redis_prefix)
     now = time.time()
     with client.pipeline(transaction=False) as pipe:
-        pipe.set(keys.worker_lease(worker), "1", px=int(config.worker_lease_s * 1000))
-        pipe.zadd(keys.live_workers(), {worker: now + config.worker_lease_s})
-        pipe.zremrangebyscore(keys.live_workers(), "-inf", now - 3600)  # workers gone for an hour
+        pipe.set(keys.worker_lease(worker), config.model_name, px=int(config.worker_lease_s * 1000))
+        for registry in (keys.live_workers(), keys.live_workers_of(config.model_name)):
+            pipe.zadd(registry, {worker: now + config.worker_lease_s})
+            pipe.zremrangebyscore(registry, "-inf", now - 3600)  # workers gone for an hour
         pipe.execute()
 
 
-def num_live_workers(client: redis.Redis, config: Config) -> int:
-    return int(client.zcount(RedisKeys(config.redis_prefix).live_workers(), time.time(), "+inf"))
+def num_live_workers(client: redis.Redis, config: Config, model: str | None = None) -> int:
+    """Workers alive now, of every model or of `model`, in one call."""
+    keys = RedisKeys(config.redis_prefix)
+    registry = keys.live_workers() if model is None else keys.live_workers_of(model)
+    return int(client.zcount(registry, time.time(), "+inf"))
+
+
+def live_workers(client: redis.Redis, config: Config) -> list[LiveWorker]:
+    """Every worker alive now, with the model it serves, in two calls."""
+    keys = RedisKeys(config.redis_prefix)
+    now = time.time()
+    leases = [
+        (_text(name), ends_at)
+        for name, ends_at in client.zrangebyscore(keys.live_workers(), now, "+inf", withscores=True)
+    ]
+    if not leases:
+        return []
+    models = client.mget([keys.worker_lease(name) for name, _ in leases])
+    return [
+        LiveWorker(name, _text(model), round(max(0.0, now - (ends_at - config.worker_lease_s)), 3))
+        for (name, ends_at), model in zip(leases, models, strict=True)
+        if model is not None  # its lease lapsed between the two calls
+    ]
+
+
+def _text(value: str | bytes) -> str:
+    """A reply as text, from a client that decodes replies or one that does not."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def is_worker_alive(client: redis.Redis, config: Config, worker: str) -> bool:

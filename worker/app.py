@@ -1,4 +1,5 @@
-"""Celery worker entry: `celery -A worker.app worker --pool threads`. Loads the model once, at worker start."""
+"""Celery worker entry: `celery -A worker.app worker --pool threads`. Loads the model once, at worker start, and
+consumes that model's queues (`interactive.<model>` first, then `bulk.<model>`), which all the model's workers share."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from celery.signals import worker_init, worker_shutdown
 from celery.worker import WorkController
+from kombu import Exchange, Queue
 from transformers import PreTrainedTokenizerFast
 
 from tasks.batch_messages import ChunkTask
@@ -29,6 +31,8 @@ from worker.serving.steering_sync import SteeringSync
 logger = logging.getLogger(__name__)
 config = Config.from_env()
 celery = create_celery(config)
+# As `--queues` would declare them (a direct exchange per queue), so the api's send_task(queue=...) reaches them.
+celery.conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for name in config.worker_queues]
 
 
 @dataclass

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from api.generation import check_model_name, generate, json_body
+from api.generation import generate, json_body, model_info_for
 from api.prompts import completion_prompt_ids
 from api.schemas import CompletionRequest
-from api.services import services
 from tasks.messages import Endpoint
 
 bp = Blueprint("completions", __name__)
@@ -17,7 +16,6 @@ bp = Blueprint("completions", __name__)
 def create_completion() -> Response:
     body = json_body()
     completion = CompletionRequest.model_validate(body)
-    check_model_name(completion.model)
-    tokenizer = services().model_info.tokenizer
-    first, *more = [completion_prompt_ids(tokenizer, prompt) for prompt in completion.prompts]
-    return generate(Endpoint.COMPLETIONS, completion, first, body, more_prompt_ids=more)
+    info = model_info_for(completion.model)
+    first, *more = [completion_prompt_ids(info.tokenizer, prompt) for prompt in completion.prompts]
+    return generate(info, Endpoint.COMPLETIONS, completion, first, body, more_prompt_ids=more)

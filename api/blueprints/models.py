@@ -1,4 +1,4 @@
-"""GET /v1/models and /v1/models/{id}"""
+"""GET /v1/models and /v1/models/{id}: the served models that have a live worker now."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from api.errors import APIError
+from api.prompts import ModelInfo
 from api.services import services
+from tasks.streams import live_workers
 
 bp = Blueprint("models", __name__)
 
 
-def _model_object() -> dict[str, Any]:
-    info = services().model_info
+def _model_object(info: ModelInfo) -> dict[str, Any]:
     return {
         "id": info.name,
         "object": "model",
@@ -23,14 +24,21 @@ def _model_object() -> dict[str, Any]:
     }
 
 
+def _listed_models() -> dict[str, ModelInfo]:
+    """Served models in the configured order, those without a live worker left out (a request for one answers 503)."""
+    svc = services()
+    live = {worker.model for worker in live_workers(svc.redis, svc.config)}
+    return {name: info for name, info in svc.models.items() if name in live}
+
+
 @bp.get("/v1/models")
 def list_models() -> Response:
-    return jsonify({"object": "list", "data": [_model_object()]})
+    return jsonify({"object": "list", "data": [_model_object(info) for info in _listed_models().values()]})
 
 
 @bp.get("/v1/models/<path:model_id>")
 def retrieve_model(model_id: str) -> Response:
-    model = _model_object()
-    if model_id != model["id"]:
+    info = _listed_models().get(model_id)
+    if info is None:
         raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-    return jsonify(model)
+    return jsonify(_model_object(info))

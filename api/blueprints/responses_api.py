@@ -17,12 +17,12 @@ from api.errors import APIError
 from api.generation import (
     build_generate_request,
     cancel_generation,
-    check_model_name,
     json_body,
+    model_info_for,
     record_and_enqueue,
     wait_for_finished,
 )
-from api.prompts import chat_prompt_ids
+from api.prompts import ModelInfo, chat_prompt_ids
 from api.responses_conversation import chat_request, echoed_params, read_items, responses_params, stored_items
 from api.responses_objects import output_items, response_object
 from api.responses_schemas import ResponseCreateRequest
@@ -44,11 +44,11 @@ CANCEL_WAIT_S = 5.0  # how long a cancel waits for the worker to stop the respon
 def create() -> Response:
     body = json_body()
     create_request = ResponseCreateRequest.model_validate(body)
-    check_model_name(create_request.model)
+    info = model_info_for(create_request.model)
     if create_request.background and not create_request.store:
         raise APIError(400, "A background response must be stored: store cannot be false.", param="background")
     items = _conversation(create_request.previous_response_id) + create_request.input
-    request_record = record_and_enqueue(_generate_request(create_request, items), body)
+    request_record = record_and_enqueue(_generate_request(info, create_request, items), body)
     record = ResponseRecord(
         id="resp_" + uuid.uuid4().hex,
         tenant=request_record.tenant,
@@ -70,9 +70,8 @@ def create() -> Response:
     return _wait(record)
 
 
-def _generate_request(create_request: ResponseCreateRequest, items: list[Any]) -> GenerateRequest:
+def _generate_request(info: ModelInfo, create_request: ResponseCreateRequest, items: list[Any]) -> GenerateRequest:
     """The worker's request, built and checked as chat's is; its 400s name the caller's fields."""
-    info = services().model_info
     with responses_params():
         chat = chat_request(create_request, items)
         tools = tool_plan(info.tokenizer, chat, info.tool_call_parser)

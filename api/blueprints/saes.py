@@ -1,9 +1,12 @@
-"""GET /v1/saes: the SAEs the live workers can steer and monitor with, as they publish them."""
+"""GET /v1/saes[?model=<name>]: the SAEs the live workers of a served model (default: the default one) can steer and
+monitor with, as they publish them."""
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
+from api.generation import model_info_for
+from api.services import services
 from api.steering import sae_listings
 
 bp = Blueprint("saes", __name__)
@@ -11,4 +14,6 @@ bp = Blueprint("saes", __name__)
 
 @bp.get("/v1/saes")
 def list_saes() -> Response:
-    return jsonify({"object": "list", "data": [{**listing, "object": "sae"} for listing in sae_listings().values()]})
+    info = model_info_for(request.args.get("model", services().model_info.name))
+    listings = sae_listings(info.name).values()
+    return jsonify({"object": "list", "data": [{**listing, "object": "sae"} for listing in listings]})

@@ -6,9 +6,9 @@ from flask import Blueprint, Response, jsonify
 from pydantic import Field
 
 from api.errors import APIError
-from api.generation import check_model_name, json_body
+from api.generation import json_body, model_info_for
 from api.openai_extras import ChatTemplateFields
-from api.prompts import chat_prompt_ids, completion_prompt_ids
+from api.prompts import ModelInfo, chat_prompt_ids, completion_prompt_ids
 from api.schemas import ChatMessage
 from api.services import services
 from api.structured_schemas import StrictModel
@@ -40,8 +40,7 @@ def tokenize() -> Response:
     """`prompt` as /v1/completions tokenizes it, or `messages` as /v1/chat/completions renders and tokenizes them."""
     body = json_body()
     request = ChatTokenize.model_validate(body) if "messages" in body else PromptTokenize.model_validate(body)
-    _check_model(request.model)
-    info = services().model_info
+    info = _served_model(request.model)
     if isinstance(request, ChatTokenize):
         token_ids = chat_prompt_ids(info.tokenizer, request.messages, template=request)
     else:
@@ -55,14 +54,13 @@ def tokenize() -> Response:
 @bp.post("/detokenize")
 def detokenize() -> Response:
     request = Detokenize.model_validate(json_body())
-    _check_model(request.model)
-    tokenizer = services().model_info.tokenizer
+    tokenizer = _served_model(request.model).tokenizer
     vocab_size = len(tokenizer)
     if any(not 0 <= token < vocab_size for token in request.tokens):
         raise APIError(400, f"tokens must lie in [0, {vocab_size})", param="tokens")
     return jsonify({"prompt": tokenizer.decode(request.tokens)})
 
 
-def _check_model(name: str | None) -> None:
-    if name is not None:  # vLLM's tokenize and detokenize take the served model when none is named
-        check_model_name(name)
+def _served_model(name: str | None) -> ModelInfo:
+    """vLLM's tokenize and detokenize take the (default) served model when none is named."""
+    return services().model_info if name is None else model_info_for(name)

@@ -22,7 +22,10 @@ OPEN_STATUSES = (*NOT_YET_CLAIMED, LineStatus.RUNNING.value)
 
 def served_queues(config: Config) -> dict[str, dict[str, str]]:
     """Each served model's Celery queue by kind: the one place that knows which queues a model's work waits in."""
-    return {config.model_name: {INTERACTIVE: config.interactive_queue, BULK: config.bulk_queue}}
+    return {
+        model: {INTERACTIVE: config.interactive_queue_of(model), BULK: config.bulk_queue_of(model)}
+        for model in config.served_model_paths()
+    }
 
 
 @dataclass(frozen=True)

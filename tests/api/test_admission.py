@@ -1,5 +1,6 @@
 """Admission on a real Redis and SQLite: no live worker is a fast 503, a full queue and a spent rate limit are 429s
-with Retry-After, and none of them records anything; an admitted request carries the key's x-ratelimit headers."""
+with Retry-After, and none of them records anything; both are per served model; an admitted request carries the key's
+x-ratelimit headers."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def make_client(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterato
     yield make
     client = redis.Redis.from_url(redis_url)
     for config in configs:
-        client.delete(config.interactive_queue)
+        for model in config.served_model_paths():
+            client.delete(*config.for_model(model).worker_queues)
         for key in client.scan_iter(f"{config.redis_prefix}*"):
             client.delete(key)
 
@@ -68,6 +70,21 @@ def test_a_full_queue_is_a_429_with_retry_after(make_client) -> None:  # type: i
         "code": "queue_full",
     }
     assert num_requests(config) == 2
+
+
+def test_workers_and_queue_room_are_per_model(make_client, tiny_model_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    config, client = make_client(served_models=f"tiny={tiny_model_dir},twin={tiny_model_dir}", max_queued_requests=1)
+    twin = {**BODY, "model": "twin"}
+    refused = client.post("/v1/chat/completions", json=twin)
+    assert refused.status_code == 503 and refused.get_json()["error"]["code"] == "no_worker_available"
+    assert refused.headers["Retry-After"] and num_requests(config) == 0
+    open_streams = [client.post("/v1/chat/completions", json=BODY)]  # tiny has its (idle) worker; a dropped one cancels
+    assert client.post("/v1/chat/completions", json=BODY).status_code == 429  # and its queue is full
+    renew_worker_lease(redis.Redis.from_url(config.redis_url), config.for_model("twin"), "twin-worker")
+    open_streams.append(client.post("/v1/chat/completions", json=twin))  # twin's own queue has room
+    assert [response.status_code for response in open_streams] == [200, 200]
+    queues = redis.Redis.from_url(config.redis_url)
+    assert [queues.llen(config.interactive_queue_of(model)) for model in ("tiny", "twin")] == [1, 1]
 
 
 def test_queued_tokens_cap_counts_prompt_tokens(make_client) -> None:  # type: ignore[no-untyped-def]

@@ -28,7 +28,7 @@ def api(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[tuple[
     config = make_test_config(tiny_model_dir, redis_url, database_url, max_request_bytes=MAX_REQUEST_BYTES)
     yield config, create_app(config).test_client()
     client = redis.Redis.from_url(redis_url)
-    client.delete(config.bulk_queue)
+    client.delete(config.bulk_queue_of(config.model_name))
     for key in client.scan_iter(f"{config.redis_prefix}*"):
         client.delete(key)
 

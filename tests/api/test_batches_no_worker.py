@@ -30,7 +30,7 @@ def api(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[tuple[
     )
     yield config, create_app(config).test_client()
     client = redis.Redis.from_url(redis_url)
-    client.delete(config.bulk_queue)
+    client.delete(config.bulk_queue_of(config.model_name))
     for key in client.scan_iter(f"{config.redis_prefix}*"):
         client.delete(key)
 
@@ -65,9 +65,9 @@ def chunks_enqueued(config: Config, expected: int, timeout_s: float = 2.0) -> in
     after the batch shows in_progress."""
     client = redis.Redis.from_url(config.redis_url)
     deadline = time.monotonic() + timeout_s
-    while client.llen(config.bulk_queue) < expected and time.monotonic() < deadline:
+    while client.llen(config.bulk_queue_of(config.model_name)) < expected and time.monotonic() < deadline:
         time.sleep(0.02)
-    return client.llen(config.bulk_queue)
+    return client.llen(config.bulk_queue_of(config.model_name))
 
 
 def test_invalid_lines_are_reported_with_their_line_numbers(api: tuple[Config, FlaskClient]) -> None:
@@ -108,7 +108,7 @@ def test_a_batch_with_no_valid_line_fails_with_an_error_file(api: tuple[Config, 
         json.loads(line) for line in client.get(f"/v1/files/{batch['error_file_id']}/content").data.splitlines()
     ]
     assert [(line["custom_id"], line["error"]["line"]) for line in error_lines] == [(None, 1), ("x", 2)]
-    assert redis.Redis.from_url(config.redis_url).llen(config.bulk_queue) == 0
+    assert redis.Redis.from_url(config.redis_url).llen(config.bulk_queue_of(config.model_name)) == 0
 
 
 def test_dispatch_keeps_only_the_window_of_chunks_on_the_queue(api: tuple[Config, FlaskClient]) -> None:

@@ -29,7 +29,7 @@ def no_worker(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> tuple[Con
     renew_worker_lease(redis.Redis.from_url(redis_url), config, "busy-worker")
     yield config, create_app(config).test_client()
     client = redis.Redis.from_url(redis_url)
-    client.delete(config.interactive_queue)
+    client.delete(config.interactive_queue_of(config.model_name))
     for key in client.scan_iter(f"{config.redis_prefix}*"):
         client.delete(key)
 
@@ -74,7 +74,7 @@ def test_cancel_of_a_queued_request_ends_it_at_once(no_worker: tuple[Config, Fla
 def _only_request_id(config: Config) -> str:
     """The id in the one task the api queued (Celery's JSON message, its body base64-encoded)."""
     client = redis.Redis.from_url(config.redis_url, decode_responses=True)
-    messages = client.lrange(config.interactive_queue, 0, -1)
+    messages = client.lrange(config.interactive_queue_of(config.model_name), 0, -1)
     assert len(messages) == 1
     args, _kwargs, _embed = json.loads(base64.b64decode(json.loads(messages[0])["body"]))
     return args[0]["request_id"]

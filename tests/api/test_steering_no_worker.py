@@ -27,7 +27,7 @@ def api(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[tuple[
     config = make_test_config(tiny_model_dir, redis_url, database_url, worker_lease_s=60.0)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield config, create_app(config).test_client(), client
-    client.delete(config.bulk_queue)
+    client.delete(config.bulk_queue_of(config.model_name))
     for key in client.scan_iter(f"{config.redis_prefix}*"):
         client.delete(key)
 

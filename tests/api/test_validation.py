@@ -1,4 +1,4 @@
-"""Bad input gets 400 in OpenAI's error shape before anything is recorded or queued."""
+"""Bad input gets 400 (an unknown model 404) in OpenAI's error shape before anything is recorded or queued."""
 
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ def chat(model: str, **fields: object) -> dict:
 
 CASES = [
     (CHAT, lambda m: {"messages": GOOD_MESSAGES}, "model", None),
-    (CHAT, lambda m: chat("no-such-model"), "model", "model_not_found"),
     (CHAT, lambda m: {"model": m, "messages": []}, "messages", None),
     (CHAT, lambda m: {"model": m, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", None),
     (CHAT, lambda m: chat(m, temperature=2.5), "temperature", None),
@@ -109,6 +108,19 @@ def test_bad_input_is_refused_and_changes_nothing(
     assert_nothing_recorded_or_queued(config)
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [(CHAT, chat("no-such-model")), (COMPLETIONS, {"model": "no-such-model", "prompt": "hi"})],
+)
+def test_an_unknown_model_is_404_as_openai_answers(client: FlaskClient, config: Config, path: str, body: dict) -> None:
+    response = client.post(path, json=body)
+    assert response.status_code == 404
+    error = response.get_json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "model", "model_not_found")
+    assert f"`{config.model_name}`" in error["message"]  # it names what is served
+    assert_nothing_recorded_or_queued(config)
+
+
 @pytest.mark.parametrize("payload", [b"{not json", b"[1, 2]", b""])
 def test_unparseable_body(client: FlaskClient, payload: bytes) -> None:
     response = client.post(CHAT, data=payload, content_type="application/json")
@@ -127,4 +139,4 @@ def assert_nothing_recorded_or_queued(config: Config) -> None:
     with engine.connect() as connection:
         assert connection.execute(select(func.count()).select_from(RequestRecord)).scalar_one() == 0
     engine.dispose()
-    assert redis.Redis.from_url(config.redis_url).llen(config.interactive_queue) == 0
+    assert redis.Redis.from_url(config.redis_url).llen(config.interactive_queue_of(config.model_name)) == 0

@@ -140,7 +140,7 @@ def counts(stack: Stack) -> dict[str, int]:
     finally:
         engine.dispose()
     client = redis.Redis.from_url(stack.config.redis_url)
-    return {**rows, "queued": client.llen(stack.config.interactive_queue) + client.llen(stack.config.bulk_queue)}
+    return {**rows, "queued": sum(client.llen(queue) for queue in stack.config.worker_queues)}
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ def api(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[Config
     finally:
         process.terminate()
         process.wait(30)
-        client.delete(config.interactive_queue)
+        client.delete(config.interactive_queue_of(config.model_name))
         for key in client.scan_iter(f"{config.redis_prefix}*"):
             client.delete(key)
 

@@ -33,7 +33,7 @@ def test_chat_is_answered_while_long_batch_lines_hold_their_threads(few_threads:
     stack = few_threads
     batch_id = submit(stack, [chat_line(stack, f"long-{i}", max_tokens=4000, ignore_eos=True) for i in range(8)])
     wait_until(stack, batch_id, lambda batch: batch.status == "in_progress", timeout_s=30)
-    queued = redis.Redis.from_url(stack.config.redis_url).llen(stack.config.bulk_queue)
+    queued = redis.Redis.from_url(stack.config.redis_url).llen(stack.config.bulk_queue_of(stack.config.model_name))
     assert queued <= stack.config.batch_chunks_in_flight, "only the window of chunks is ever on the queue"
     body = {"model": stack.config.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     for _ in range(6):  # more chats than the worker has threads: each must find a thread free of bulk work

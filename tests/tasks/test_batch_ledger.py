@@ -79,12 +79,12 @@ def test_the_migrations_match_the_models(db_engine: Engine) -> None:
     assert diffs == []
 
 
-def make_batch(session: Session, num_lines: int, expires_in_s: int = 3600) -> str:
+def make_batch(session: Session, num_lines: int, expires_in_s: int = 3600, model: str = "tiny") -> str:
     now = int(time.time())
     batch = BatchRecord(
         id=new_sortable_id("batch_"),
         endpoint="/v1/completions",
-        model="tiny",
+        model=model,
         input_file_id="file-x",
         completion_window="24h",
         status=BatchStatus.VALIDATING.value,
@@ -133,6 +133,14 @@ def test_dispatch_fills_the_window_with_chunks_oldest_batch_first(session: Sessi
     assert [line.line_no for line in lines] == [4]
     assert finish_lines(session, owner, {lines[0].id: done()}) == {lines[0].id}
     assert [chunk.batch_id for chunk in dispatch_chunks(session, CONFIG)] == [second]
+
+
+def test_each_model_has_its_own_dispatch_window_and_bulk_queue(session: Session) -> None:
+    first, other = make_batch(session, 9), make_batch(session, 2, model="twin")
+    chunks = dispatch_chunks(session, CONFIG)  # tiny's window full, twin's batch is not held up behind it
+    assert [(chunk.batch_id, chunk.model) for chunk in chunks] == [(first, "tiny"), (first, "tiny"), (other, "twin")]
+    assert dispatch_chunks(session, CONFIG) == []
+    assert CONFIG.bulk_queue_of(chunks[2].model) == "bulk.twin"
 
 
 def test_lines_finished_together_are_recorded_except_those_taken_from_their_owner(session: Session) -> None:
@@ -221,7 +229,7 @@ def test_closing_twice_writes_one_set_of_files(session: Session) -> None:
 
 
 def test_chunk_task_round_trips() -> None:
-    chunk = ChunkTask("batch_1", "chunk_2")
+    chunk = ChunkTask("batch_1", "chunk_2", "tiny")
     assert ChunkTask.from_dict(chunk.to_dict()) == chunk
 
 

@@ -27,3 +27,23 @@ def test_bad_number_names_the_variable() -> None:
 def test_to_env_reproduces_the_config() -> None:
     config = Config(model="/m/llama", max_num_seqs=3, redis_url="redis://x:1/0", is_redis_embedded=False)
     assert Config.from_env(config.to_env()) == config
+
+
+def test_served_models_default_to_the_one_model_and_name_each_workers_queues() -> None:
+    config = Config(model="/m/tiny")
+    assert config.served_model_paths() == {"tiny": "/m/tiny"}
+    assert config.worker_queues == ["interactive.tiny", "bulk.tiny"]
+    several = Config(model="/m/tiny", served_models="tiny=/m/tiny, draft = org/draft-1b")
+    assert several.served_model_paths() == {"tiny": "/m/tiny", "draft": "org/draft-1b"}
+    draft = several.for_model("draft")
+    assert (draft.model, draft.model_name, draft.worker_queues) == (
+        "org/draft-1b",
+        "draft",
+        ["interactive.draft", "bulk.draft"],
+    )
+
+
+@pytest.mark.parametrize("served", ["tiny", "tiny=/m,tiny=/n", "=/m", "a=", "a=/m,,b=/n"])
+def test_served_models_must_be_distinct_name_path_pairs(served: str) -> None:
+    with pytest.raises(ValueError, match="SERVED_MODELS"):
+        Config(served_models=served).served_model_paths()

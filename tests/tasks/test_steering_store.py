@@ -30,9 +30,9 @@ def setup(redis_url: str) -> tuple[redis.Redis, Config]:
 
 def test_the_sae_listing_lives_as_long_as_a_lease(redis_url: str) -> None:
     client, config = setup(redis_url)
-    assert read_saes(client, config) == {}
+    assert read_saes(client, config, config.model_name) == {}
     publish_saes(client, config, [LISTING])
-    assert read_saes(client, config) == {LISTING["id"]: LISTING}
+    assert read_saes(client, config, config.model_name) == {LISTING["id"]: LISTING}
     assert 0 < client.pttl(f"{config.redis_prefix}saes:{config.model_name}") <= 300
 
 
