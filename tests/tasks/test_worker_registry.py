@@ -11,7 +11,7 @@ import redis
 
 from tasks.config import Config
 from tasks.streams import live_workers, num_live_workers, renew_worker_lease
-from tasks.worker_stats import publish_worker_stats, read_worker_stats
+from tasks.worker_stats import WorkerStats, publish_worker_stats, read_live_worker_stats
 
 
 def test_liveness_is_per_model_and_lapses_with_the_lease(redis_url: str) -> None:
@@ -44,5 +44,8 @@ def test_liveness_is_per_model_and_lapses_with_the_lease(redis_url: str) -> None
 def test_published_stats_name_the_workers_model(redis_url: str) -> None:
     config = Config(redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:", served_model_name="tiny-draft")
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    publish_worker_stats(client, config, "w1@a", {"num_running": 2})
-    assert read_worker_stats(client, config, "w1@a") == {"num_running": 2, "model": "tiny-draft"}
+    renew_worker_lease(client, config, "w1@a")
+    stats = WorkerStats("w1@a", config.model_name, time.time(), 2, {"interactive": 0, "bulk": 1}, 0.25, {}, [])
+    publish_worker_stats(client, config, stats)
+    assert read_live_worker_stats(client, config) == [stats]
+    assert stats.model == "tiny-draft"
