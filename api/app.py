@@ -10,6 +10,7 @@ from flask import Flask, Response, g
 from api.auth import authenticate
 from api.blueprints import batches, chat, completions, files, health, models, requests, saes, steering
 from api.errors import register_error_handlers
+from api.openapi import register_openapi
 from api.prompts import load_model_info
 from api.request_limits import register_request_limits
 from api.services import Services, close_db_session
@@ -39,7 +40,8 @@ def create_app(config: Config | None = None) -> Flask:
     blueprints = (chat, completions, models, requests, files, batches, health, saes, steering)
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
-    app.before_request(authenticate)  # every route but /health (DESIGN rule 7)
+    register_openapi(app)  # /openapi.json and /docs, describing the routes above
+    app.before_request(authenticate)  # every route but /health and the contract (DESIGN rule 7)
     register_request_limits(app, config)  # body size, URL parts, after authentication
     app.after_request(add_rate_limit_headers)
     app.teardown_appcontext(close_db_session)
