@@ -34,9 +34,14 @@ def openapi_document(app: Flask, model_name: str) -> dict[str, Any]:
     """The document for `app`'s routes; `model_name` fills the request examples."""
     documented = list(documented_routes(app))
     refs, schemas = _component_schemas([operation for _, _, operation in documented])
+    id_parameters = {rule.endpoint: _PATH_ARGUMENT.findall(rule.rule) for rule, _, _ in documented}
     paths: dict[str, dict[str, Any]] = {}
     for rule, method, operation in documented:
-        paths.setdefault(openapi_path(rule), {})[method.lower()] = _operation_object(rule, operation, refs, model_name)
+        described = _operation_object(rule, operation, refs, model_name)
+        links = {target: _link(target, id_parameters[target]) for target in operation.links}
+        if links:
+            described["responses"]["200"]["links"] = links
+        paths.setdefault(openapi_path(rule), {})[method.lower()] = described
     return {
         "openapi": "3.1.0",
         "info": {"title": "steerbatch", "version": version("steerbatch"), "description": DESCRIPTION},
@@ -64,6 +69,15 @@ def openapi_path(rule: Rule) -> str:
     return _PATH_ARGUMENT.sub(r"{\1}", rule.rule)
 
 
+def _link(endpoint: str, path_parameters: list[str]) -> dict[str, Any]:
+    (parameter,) = path_parameters  # a link target takes exactly one id
+    return {"operationId": _operation_id(endpoint), "parameters": {parameter: "$response.body#/id"}}
+
+
+def _operation_id(endpoint: str) -> str:
+    return endpoint.replace(".", "_")
+
+
 def _component_schemas(operations: list[Operation]) -> tuple[Refs, dict[str, Any]]:
     keys: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ErrorResponse, "serialization")]
     for operation in operations:
@@ -81,7 +95,7 @@ def _operation_object(rule: Rule, operation: Operation, refs: Refs, model_name: 
         for name in _PATH_ARGUMENT.findall(rule.rule)
     ]
     result: dict[str, Any] = {
-        "operationId": rule.endpoint.replace(".", "_"),
+        "operationId": _operation_id(rule.endpoint),
         "summary": operation.summary,
         "tags": [operation.tag],
         "parameters": [*path_parameters, *operation.parameters],
@@ -125,13 +139,26 @@ def _responses(operation: Operation, refs: Refs, *, is_public: bool) -> dict[str
 
 
 def _event_stream(models: tuple[type[BaseModel], ...], refs: Refs) -> dict[str, Any]:
-    """Server-Sent Events: `x-sse-data` says what each `data:` line holds besides the closing `[DONE]`."""
+    """Server-Sent Events, `schema` describing one event as Open API 3.2's `itemSchema` does (and schemathesis reads a
+    3.1 document's): its `data` is a JSON object of one of `models`, or the closing `[DONE]`."""
+    payload = {"anyOf": [refs[model, "serialization"] for model in models]}
     names = ", ".join(model.__name__ for model in models)
-    return {
-        "schema": {
-            "type": "string",
-            "description": f"Server-Sent Events; each `data:` is a JSON {names}, and the last is `[DONE]`. Each "
-            "event's `id:` resumes the stream as Last-Event-ID.",
-        },
-        "x-sse-data": {"oneOf": [refs[model, "serialization"] for model in models]},
+    data = {
+        "anyOf": [
+            {"const": "[DONE]"},
+            {"type": "string", "contentMediaType": "application/json", "contentSchema": payload},
+        ]
     }
+    event = {
+        "type": "object",
+        "description": f"One event: `data` is a JSON {names}, and the last is `[DONE]`; `id` resumes the stream "
+        "after this event as Last-Event-ID.",
+        "properties": {
+            "data": data,
+            "id": {"type": "string"},
+            "event": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+        "required": ["data"],
+    }
+    return {"schema": event}

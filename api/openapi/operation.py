@@ -10,8 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-# Every authenticated route may answer these: a bad URL part or header, no key, a backing service down, a bug.
-COMMON_ERRORS = (400, 401, 500, 503)
+# Every authenticated route may answer these: a bad URL part or header, no key, a URL too long for the server, a
+# backing service down, a bug.
+COMMON_ERRORS = (400, 401, 414, 431, 500, 503)
 ERROR_DESCRIPTIONS = {
     400: "Invalid request: a body, parameter or header failed validation",
     401: "No key, or an unknown or revoked one",
@@ -20,6 +21,8 @@ ERROR_DESCRIPTIONS = {
     409: "The Idempotency-Key was used before with a different request",
     410: "The event stream has expired; GET the object for its result",
     413: "The request body is over the endpoint's limit",
+    414: "The request line is over the server's limit (answered by gunicorn, in the same shape)",
+    431: "Too many or too large header fields (answered by gunicorn, in the same shape)",
     429: "A queue cap or the key's rate limit; retry after Retry-After seconds",
     500: "The server had an error",
     503: "Redis or the database is unavailable; retry after Retry-After seconds",
@@ -32,7 +35,8 @@ RETRY_AFTER_CODES = (429, 503)
 class Operation:
     """One route's contract. `body`: a JSON request body; `form`: a multipart one; `response`: the 200 JSON body;
     `stream`: the 200 text/event-stream's data events (with `response`, the body's `stream` field picks);
-    `content_type`: a 200 of another media type; `example`: a request body for the served model's name."""
+    `content_type`: a 200 of another media type; `example`: a request body for the served model's name; `links`: OpenAPI
+    links to the routes that take the created object's id (a fuzzer follows them: create, then read, then delete)."""
 
     summary: str
     tag: str
@@ -44,6 +48,7 @@ class Operation:
     parameters: tuple[dict[str, Any], ...] = ()
     errors: tuple[int, ...] = ()
     example: Callable[[str], dict[str, Any]] | None = None
+    links: tuple[str, ...] = ()  # endpoints whose path parameter takes this 200's `id`
 
     @property
     def request_models(self) -> list[type[BaseModel]]:
@@ -62,8 +67,5 @@ def query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]
     return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
 
 
-def header(name: str, description: str, max_length: int | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string", "minLength": 1}
-    if max_length is not None:
-        schema["maxLength"] = max_length
+def header(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"name": name, "in": "header", "required": False, "schema": schema, "description": description}

@@ -13,10 +13,15 @@ from api.openapi.operation import Operation, header, query
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.steering_schemas import SteeringBody, WorkerMonitorBody
 
-IDEMPOTENCY_KEY = header("Idempotency-Key", "A retry with the same key returns the first object.", MAX_KEY_LENGTH)
+IDEMPOTENCY_KEY = header(
+    "Idempotency-Key",
+    {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
+    "A retry with the same key returns the first object.",
+)
+EVENT_ID = {"type": "string", "pattern": r"^(\d+-\d+)?$"}  # empty: from the start
 LAST_EVENT_ID = (
-    header("Last-Event-ID", "Resume after this stream entry id (e.g. 1700000000000-0)"),
-    query("last_event_id", {"type": "string", "pattern": r"^\d+-\d+$"}, "As Last-Event-ID, for clients like curl"),
+    header("Last-Event-ID", EVENT_ID, "Resume after this stream entry id (e.g. 1700000000000-0)"),
+    query("last_event_id", EVENT_ID, "As Last-Event-ID, for clients like curl"),
 )
 PROFILE_SCOPE = query(
     "scope",
@@ -24,6 +29,9 @@ PROFILE_SCOPE = query(
     "Whose profile: the caller's tenant's own, or the worker-wide one (the default for an admin key)",
 )
 GENERATION_ERRORS = (413, 429, 504)
+REQUEST_LINKS = ("requests.retrieve_request", "requests.request_events", "requests.cancel_request")
+FILE_LINKS = ("files.retrieve_file", "files.file_content", "files.delete_file")
+BATCH_LINKS = ("batches.retrieve_batch", "batches.cancel_batch", "batches.batch_events")
 
 
 def chat_example(model: str) -> dict[str, Any]:
@@ -42,10 +50,12 @@ OPERATIONS: dict[str, Operation] = {
     "chat.create_chat_completion": Operation(
         "Create a chat completion", "chat", gen.ChatCompletion, ChatCompletionRequest,
         stream=(gen.ChatCompletionChunk, gen.ErrorResponse), errors=GENERATION_ERRORS, example=chat_example,
+        links=REQUEST_LINKS,
     ),
     "completions.create_completion": Operation(
         "Create a completion", "completions", gen.TextCompletion, CompletionRequest,
         stream=(gen.TextCompletionChunk, gen.ErrorResponse), errors=GENERATION_ERRORS, example=completion_example,
+        links=REQUEST_LINKS,
     ),
     "models.list_models": Operation("List the served model", "models", res.ModelList),
     "models.retrieve_model": Operation("Retrieve a model", "models", res.Model, errors=(404,)),
@@ -58,17 +68,19 @@ OPERATIONS: dict[str, Operation] = {
     ),
     "requests.cancel_request": Operation("Cancel a request", "requests", gen.RequestObject, errors=(404,)),
     "files.create_file": Operation("Upload a batch input file", "files", res.FileObject, form=res.FileUpload,
-                                   parameters=(IDEMPOTENCY_KEY,), errors=(409, 413)),
+                                   parameters=(IDEMPOTENCY_KEY,), errors=(409, 413), links=FILE_LINKS),
     "files.retrieve_file": Operation("Retrieve a file", "files", res.FileObject, errors=(404,)),
     "files.file_content": Operation("Retrieve a file's content", "files", content_type="application/octet-stream",
                                     errors=(404,)),
     "files.delete_file": Operation("Delete a file", "files", res.FileDeleted, errors=(404,)),
     "batches.create_batch": Operation("Create a batch", "batches", res.Batch, BatchCreate,
-                                      parameters=(IDEMPOTENCY_KEY,), errors=(404, 409, 413), example=batch_example),
+                                      parameters=(IDEMPOTENCY_KEY,), errors=(404, 409, 413), example=batch_example,
+                                      links=BATCH_LINKS),
     "batches.list_batches": Operation(
         "List batches, newest first", "batches", res.BatchList,
         parameters=(
-            query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": DEFAULT_LIST_LIMIT}, "Page size"),
+            query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": DEFAULT_LIST_LIMIT},
+                  "Page size"),
             query("after", {"type": "string"}, "A batch id: list the batches older than it"),
         ),
     ),
