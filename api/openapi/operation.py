@@ -25,7 +25,7 @@ ERROR_DESCRIPTIONS = {
     431: "Too many or too large header fields (answered by gunicorn, in the same shape)",
     429: "A queue cap or the key's rate limit; retry after Retry-After seconds",
     500: "The server had an error",
-    503: "Redis or the database is unavailable; retry after Retry-After seconds",
+    503: "Redis or the database is unavailable, or no worker serves the model; retry after Retry-After seconds",
     504: "The request timed out and was cancelled",
 }
 RETRY_AFTER_CODES = (429, 503)

@@ -22,6 +22,9 @@ from tests.conftest import make_test_config
 
 CONFIG_FILE = Path(__file__).with_name("schemathesis.toml")
 MAX_MODEL_LEN = 96  # prompt plus max_tokens: every admitted generation stays short on a 2-core machine
+# A worker starved of CPU for the default 15 s by a busy machine looks dead, and a generation gets a (documented)
+# 503 no_worker_available; this run is about the api's answers, so the lease is long.
+WORKER_LEASE_S = 60.0
 SEED = 20260101
 
 
@@ -33,7 +36,9 @@ def fuzz_stack(
         database_url = request.getfixturevalue("postgres_url")
     else:
         database_url = f"sqlite:///{tmp_path_factory.mktemp('fuzz-sqlite') / 'steerbatch.db'}"
-    config = make_test_config(tiny_model_dir, redis_url, database_url, max_model_len=MAX_MODEL_LEN)
+    config = make_test_config(
+        tiny_model_dir, redis_url, database_url, max_model_len=MAX_MODEL_LEN, worker_lease_s=WORKER_LEASE_S
+    )
     log_dir = tmp_path_factory.mktemp(f"logs-fuzz-{request.param}")
     running = Stack(config, log_dir=log_dir, api_key=launcher_key(config, "fuzz-admin"))
     running.start()
