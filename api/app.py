@@ -24,6 +24,7 @@ from api.blueprints import (
     version,
 )
 from api.errors import register_error_handlers
+from api.openapi import register_openapi
 from api.prompts import load_models
 from api.request_ids import add_request_id_header
 from api.request_limits import register_request_limits
@@ -68,7 +69,8 @@ def create_app(config: Config | None = None) -> Flask:
     )
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)
-    app.before_request(authenticate)  # every route but the health probes (DESIGN rule 7)
+    register_openapi(app)  # /openapi.json and /docs, describing the routes above
+    app.before_request(authenticate)  # every route but the health probes and the contract (DESIGN rule 7)
     register_request_limits(app, config)  # body size, URL parts, after authentication
     app.after_request(add_rate_limit_headers)
     app.after_request(add_request_id_header)

@@ -1,6 +1,6 @@
-"""Every route but the health probes needs `Authorization: Bearer <key>`. The key's tenant owns what a request creates
-and is all it can see; its scope says whether it may change what every tenant gets (the worker-wide steering profile and
-monitor). No key is ever logged: its name is.
+"""Every route but the health probes, /openapi.json and /docs needs `Authorization: Bearer <key>`. The key's tenant
+owns what a request creates and is all it can see; its scope says whether it may change what every tenant gets (the
+worker-wide steering profile and monitor). No key is ever logged: its name is.
 
 Open mode: while no key exists at all (no API_KEY, no unrevoked key in SQL), an api bound to loopback serves its own
 machine's clients as tenant "default" with admin scope. api/exposure.py refuses to start on any other address."""
@@ -21,7 +21,9 @@ from tasks.api_keys import Scope, find_key, has_active_keys, key_digest, touch_k
 from tasks.tenants import DEFAULT_TENANT
 
 logger = logging.getLogger(__name__)
-OPEN_ENDPOINTS = frozenset({"health.health", "health.ready"})  # probes: api/blueprints/health.py
+# the probes (api/blueprints/health.py), and the API's contract: /openapi.json and its Swagger UI at /docs
+# (api/openapi/), as vLLM serves them
+OPEN_ENDPOINTS = frozenset({"health.health", "health.ready", "openapi.document", "swagger_ui.show"})
 STATIC_KEY_NAME = "API_KEY"  # how logs name the key from the environment
 
 

@@ -20,7 +20,7 @@ MAX_SAE_ID_LENGTH = 256
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)  # as StrictModel: no coercion
 
 
 class SteeringFeatureBody(_Strict):

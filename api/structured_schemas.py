@@ -12,7 +12,10 @@ MAX_TOOLS = 128
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields are refused, and values are taken only as the JSON type the OpenAPI document gives them (as
+    OpenAI does): `"logprobs": 0`, `"n": true` or `"temperature": "1"` is a 400, never silently coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TextFormat(StrictModel):

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 bp = Blueprint("batches", __name__)
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_LIST_LIMIT = 100
+DEFAULT_LIST_LIMIT = 20
 
 
 class BatchCreate(StrictModel):
@@ -120,9 +121,7 @@ def retrieve_batch(batch_id: str) -> Response:
 
 @bp.get("/v1/batches")
 def list_batches() -> Response:
-    limit = request.args.get("limit", 20, type=int)
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise APIError(400, f"limit must lie in [1, {MAX_LIST_LIMIT}]", param="limit")
+    limit = _list_limit(request.args.get("limit", str(DEFAULT_LIST_LIMIT)))
     tenant = current_principal().tenant
     query = select(BatchRecord).where(BatchRecord.tenant == tenant).order_by(BatchRecord.id.desc()).limit(limit + 1)
     after = request.args.get("after")
@@ -132,6 +131,14 @@ def list_batches() -> Response:
     batches = list(session.scalars(query))
     data = [batch_object(session, batch) for batch in batches[:limit]]
     return jsonify(cursor_page(data, has_more=len(batches) > limit))
+
+
+def _list_limit(raw: str) -> int:
+    """`?limit=` as an integer in range; anything else is a 400 (Flask's `type=int` would quietly use the default)."""
+    limit = int(raw) if raw.isascii() and raw.isdigit() else 0
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise APIError(400, f"limit must be an integer in [1, {MAX_LIST_LIMIT}]", param="limit")
+    return limit
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")

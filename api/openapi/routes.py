@@ -1,0 +1,104 @@
+"""The route table: every view's contract, keyed by its Flask endpoint name ("<blueprint>.<function>"). A new route
+is one more entry here; tests/api/test_openapi.py fails while a route of the app has none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.blueprints.batches import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, BatchCreate
+from api.idempotency import MAX_KEY_LENGTH
+from api.openapi import completion_objects as gen
+from api.openapi import resource_objects as res
+from api.openapi.operation import Operation, header, query
+from api.schemas import ChatCompletionRequest, CompletionRequest
+from api.steering_schemas import SteeringBody, WorkerMonitorBody
+
+IDEMPOTENCY_KEY = header(
+    "Idempotency-Key",
+    {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
+    "A retry with the same key returns the first object.",
+)
+EVENT_ID = {"type": "string", "pattern": r"^(\d+-\d+)?$"}  # empty: from the start
+LAST_EVENT_ID = (
+    header("Last-Event-ID", EVENT_ID, "Resume after this stream entry id (e.g. 1700000000000-0)"),
+    query("last_event_id", EVENT_ID, "As Last-Event-ID, for clients like curl; read only when that header is absent"),
+)
+PROFILE_SCOPE = query(
+    "scope",
+    {"type": "string", "enum": ["tenant", "worker"]},
+    "Whose profile: the caller's tenant's own, or the worker-wide one (the default for an admin key)",
+)
+GENERATION_ERRORS = (413, 429, 504)
+REQUEST_LINKS = ("requests.retrieve_request", "requests.request_events", "requests.cancel_request")
+FILE_LINKS = ("files.retrieve_file", "files.file_content", "files.delete_file")
+BATCH_LINKS = ("batches.retrieve_batch", "batches.cancel_batch", "batches.batch_events")
+
+
+def chat_example(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+
+
+def completion_example(model: str) -> dict[str, Any]:
+    return {"model": model, "prompt": "Once upon a time", "max_tokens": 8}
+
+
+def batch_example(model: str) -> dict[str, Any]:
+    return {"input_file_id": "file-abc123", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+
+
+OPERATIONS: dict[str, Operation] = {
+    "chat.create_chat_completion": Operation(
+        "Create a chat completion", "chat", gen.ChatCompletion, ChatCompletionRequest,
+        stream=(gen.ChatCompletionChunk, gen.ErrorResponse), errors=GENERATION_ERRORS, example=chat_example,
+        links=REQUEST_LINKS,
+    ),
+    "completions.create_completion": Operation(
+        "Create a completion", "completions", gen.TextCompletion, CompletionRequest,
+        stream=(gen.TextCompletionChunk, gen.ErrorResponse), errors=GENERATION_ERRORS, example=completion_example,
+        links=REQUEST_LINKS,
+    ),
+    "models.list_models": Operation("List the served model", "models", res.ModelList),
+    "models.retrieve_model": Operation("Retrieve a model", "models", res.Model, errors=(404,)),
+    "requests.retrieve_request": Operation("Retrieve a request, with its result", "requests", gen.RequestObject,
+                                           errors=(404,)),
+    "requests.request_events": Operation(
+        "Replay and follow a request's event stream", "requests",
+        stream=(gen.ChatCompletionChunk, gen.TextCompletionChunk, gen.ErrorResponse), parameters=LAST_EVENT_ID,
+        errors=(404, 410),
+    ),
+    "requests.cancel_request": Operation("Cancel a request", "requests", gen.RequestObject, errors=(404,)),
+    "files.create_file": Operation("Upload a batch input file", "files", res.FileObject, form=res.FileUpload,
+                                   parameters=(IDEMPOTENCY_KEY,), errors=(409, 413), links=FILE_LINKS),
+    "files.retrieve_file": Operation("Retrieve a file", "files", res.FileObject, errors=(404,)),
+    "files.file_content": Operation("Retrieve a file's content", "files", content_type="application/octet-stream",
+                                    errors=(404,)),
+    "files.delete_file": Operation("Delete a file", "files", res.FileDeleted, errors=(404,)),
+    "batches.create_batch": Operation("Create a batch", "batches", res.Batch, BatchCreate,
+                                      parameters=(IDEMPOTENCY_KEY,), errors=(404, 409, 413), example=batch_example,
+                                      links=BATCH_LINKS),
+    "batches.list_batches": Operation(
+        "List batches, newest first", "batches", res.BatchList,
+        parameters=(
+            query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": DEFAULT_LIST_LIMIT},
+                  "Page size"),
+            query("after", {"type": "string"}, "A batch id: list the batches older than it"),
+        ),
+    ),
+    "batches.retrieve_batch": Operation("Retrieve a batch", "batches", res.Batch, errors=(404,)),
+    "batches.cancel_batch": Operation("Cancel a batch", "batches", res.Batch, errors=(404,)),
+    "batches.batch_events": Operation("Follow a batch's progress events", "batches", parameters=LAST_EVENT_ID,
+                                      stream=(res.BatchEvent, gen.ErrorResponse), errors=(404,)),
+    "saes.list_saes": Operation("List the SAEs the workers steer and monitor with", "steering", res.SaeList),
+    "steering.get_profile": Operation("Read a steering profile", "steering", res.SteeringProfileObject,
+                                      parameters=(PROFILE_SCOPE,)),
+    "steering.put_profile": Operation("Set a steering profile", "steering", res.SteeringProfileObject, SteeringBody,
+                                      parameters=(PROFILE_SCOPE,), errors=(403, 413)),
+    "steering.delete_profile": Operation("Clear a steering profile", "steering", res.SteeringProfileObject,
+                                         parameters=(PROFILE_SCOPE,), errors=(403,)),
+    "steering.get_monitor": Operation("Read the worker-wide monitor", "steering", res.Monitor),
+    "steering.put_monitor": Operation("Set the worker-wide monitor (admin)", "steering", res.Monitor,
+                                      WorkerMonitorBody, errors=(403, 413)),
+    "steering.delete_monitor": Operation("Stop the worker-wide monitor (admin)", "steering", res.Monitor,
+                                         errors=(403,)),
+    "health.health": Operation("Liveness of Redis and the database", "health", res.Health),
+}  # fmt: skip
