@@ -90,9 +90,12 @@ async def one_stream(client: httpx.AsyncClient, body: dict, result: StepResult, 
         result.count(type(exc).__name__)
 
 
-def probe(base_url: str, headers: dict, body: dict, start_new_at: float, stop: Any, results: Any) -> None:
-    """In its own process: `/health` every 100 ms until `stop` is set, and one new request at `start_new_at`."""
+def probe(base_url: str, headers: dict, body: dict, ready: Any, stop: Any, results: Any) -> None:
+    """In its own process: `/health` every 100 ms until `stop` is set, and one new request 2 s after it sets `ready`
+    (the step's streams open then: on a loaded machine a spawned process can take a minute to import)."""
     session = requests.Session()
+    start_new_at = time.time() + 2.0
+    ready.set()
     health_s: list[float] = []
     new_request = (float("nan"), 0)
     while not stop.is_set():
@@ -125,9 +128,11 @@ async def run_step(stack: Stack, num_streams: int, args: argparse.Namespace) -> 
     headers = {"Authorization": f"Bearer {stack.api_key}"}
     timeout = httpx.Timeout(args.step_timeout, connect=args.step_timeout)
     spawn = multiprocessing.get_context("spawn")
-    stop, results = spawn.Event(), spawn.Queue()
-    prober = spawn.Process(target=probe, args=(stack.base_url, headers, body, time.time() + 2.0, stop, results))
+    ready, stop, results = spawn.Event(), spawn.Event(), spawn.Queue()
+    prober = spawn.Process(target=probe, args=(stack.base_url, headers, body, ready, stop, results))
     prober.start()
+    if not ready.wait(300):
+        raise TimeoutError("the probe process did not start")
     async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, limits=limits, timeout=timeout) as client:
         opened = asyncio.Event()
         streams = [asyncio.create_task(one_stream(client, body, result, opened)) for _ in range(num_streams)]

