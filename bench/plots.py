@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         args.data.write_text(json.dumps(data, indent=2) + "\n")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name in (name for name in data if name.startswith(ENGINE_SECTION)):
-        what = name.removeprefix(ENGINE_SECTION).replace("_", " ")  # engine_throughput_135m: " 135m"
+        model = name.removeprefix(ENGINE_SECTION).strip("_")  # engine_throughput_135m: "135m"
+        what = f" ({model} model)" if model else ""
         plot_engine(data[name], args.out_dir / f"{name}.png", what)
     if "service_load" in data:
         plot_load(data["service_load"], args.out_dir / LOAD_PLOT)
