@@ -165,8 +165,10 @@ def _stop(process: ManagedProcess) -> None:
 
 
 def _worker_command(config: Config) -> list[str]:
+    # `nice` execs the worker, so its pid is the worker's own (the supervisor and the tests signal it)
+    nice = ["nice", "-n", str(config.worker_nice)] if config.worker_nice else []
     return [
-        sys.executable, "-m", "celery", "-A", "worker.app", "worker",
+        *nice, sys.executable, "-m", "celery", "-A", "worker.app", "worker",
         "--prefetch-multiplier", "1", "--task-events", "--without-gossip", "--without-mingle",
         "--hostname", f"steerbatch-{uuid.uuid4().hex[:8]}@%h", "--loglevel", config.log_level,
     ]  # fmt: skip

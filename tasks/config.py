@@ -33,6 +33,9 @@ class Config:
     request_timeout_s: float = 600.0
     worker_concurrency: int = 32
     worker_lease_s: float = 15.0  # a worker silent this long is dead: its running requests fail
+    # The launcher starts workers this much nicer than itself (`nice -n`), so that where they share CPU cores with the
+    # api, the api's greenlets run first and /health and new requests stay quick while the engine runs flat out.
+    worker_nice: int = 10
     max_num_seqs: int = 32  # requests the engine runs at once
     max_num_batched_tokens: int = 2048  # tokens per forward pass: the step's budget, decodes and prefill chunks
     prefill_chunk_size: int = 512  # a long prompt is prefilled this many tokens per step, so decodes keep flowing
