@@ -9,7 +9,7 @@ from api.errors import APIError
 from api.generation import cancel_generation, stream_response
 from api.responses import request_object
 from api.services import db_session, services
-from api.sse import FRAME_ID, last_event_id
+from api.sse import DONE, FRAME_ID, ResumePoint, last_event_id, sse_frame, sse_response
 from tasks.models import RequestRecord
 from tasks.store import get_owned_request
 from tasks.streams import RedisKeys
@@ -37,8 +37,12 @@ def request_events(request_id: str) -> Response:
     record = _find(request_id)
     after_id = last_event_id(FRAME_ID)
     svc = services()
-    if record.is_finished and not svc.redis.exists(RedisKeys(svc.config.redis_prefix).request_stream(request_id)):
-        raise APIError(410, "The event stream has expired; GET the request for its result.", code="stream_expired")
+    key = RedisKeys(svc.config.redis_prefix).request_stream(request_id)
+    if record.is_finished:
+        if not svc.redis.exists(key):
+            raise APIError(410, "The event stream has expired; GET the request for its result.", code="stream_expired")
+        if not svc.redis.xrange(key, min=ResumePoint.parse(after_id).entry_id, count=1):
+            return sse_response(iter([sse_frame(DONE, after_id)]))  # an id past the final event: nothing is left
     return stream_response(record, after_id)
 
 

@@ -44,6 +44,8 @@ def test_resume_after_any_frame_gives_exactly_the_rest(stack: Stack) -> None:
         assert events(stack, request_id, frame.event_id) == original[index + 1 :], f"resume after {frame.event_id}"
     done = original[-1]
     assert events(stack, request_id, done.event_id) == [done]  # after the final event only the end marker is left
+    past = f"{int(done.event_id.split('-')[0]) + 1000}-0"
+    assert events(stack, request_id, past) == [Frame(past, "[DONE]")]
 
 
 def test_the_finish_and_usage_chunks_are_resumable(stack: Stack) -> None:
@@ -76,7 +78,8 @@ def test_unknown_request_and_bad_event_id(stack: Stack) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     with start_stream(stack, max_tokens=4) as response:
         request_id = data_frames(list(read_frames(response)))[0].json["id"]
-    for bad_id in ("yesterday", f"{2**64}-0"):  # the second: past Redis's range, which would fail a shared XREAD
+    # the second: past Redis's range, which would fail a shared XREAD
+    for bad_id in ("yesterday", f"{2**64}-0", "1700000000000-0:x"):
         bad = requests.get(
             f"{stack.base_url}/v1/requests/{request_id}/events",
             headers={**auth(stack), "Last-Event-ID": bad_id},
