@@ -30,6 +30,9 @@ class Config:
     stream_maxlen: int = 10_000
     stream_ttl_s: int = 3600
     sse_heartbeat_s: float = 15.0
+    # A streaming client that drops leaves its request running this long for it (or another) to resume with
+    # Last-Event-ID; with nobody reading after it, a worker's request reaper cancels it (tasks/stream_attachments.py).
+    stream_resume_grace_s: float = 30.0
     request_timeout_s: float = 600.0
     worker_concurrency: int = 32
     worker_lease_s: float = 15.0  # a worker silent this long is dead: its running requests fail
