@@ -27,16 +27,29 @@ DONE = "[DONE]"
 
 
 def last_event_id(pattern: re.Pattern[str] = ENTRY_ID) -> str:
-    """Where a reconnecting client left off: the Last-Event-ID header, or ?last_event_id= for curl."""
-    value = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or STREAM_START
+    """Where a reconnecting client left off: the Last-Event-ID header, or ?last_event_id= for curl. Each one given is
+    checked, so a malformed query beside a good header is refused rather than silently ignored."""
+    given = [(value, param) for value, param in _event_id_sources() if value]
+    for value, param in given:
+        _check_event_id(value, param, pattern)
+    return given[0][0] if given else STREAM_START
+
+
+def _event_id_sources() -> list[tuple[str | None, str]]:
+    return [
+        (request.headers.get("Last-Event-ID"), "Last-Event-ID"),
+        (request.args.get("last_event_id"), "last_event_id"),
+    ]
+
+
+def _check_event_id(value: str, param: str, pattern: re.Pattern[str]) -> None:
     match = pattern.match(value)
     if match is None:
-        raise APIError(400, "Last-Event-ID must be an event id like 1700000000000-0", param="Last-Event-ID")
+        raise APIError(400, f"{param} must be an event id like 1700000000000-0", param=param)
     try:
         entry_order(match.group(1))  # one process's reads share an XREAD, which one id out of range would fail for all
     except ValueError as exc:
-        raise APIError(400, f"Last-Event-ID: {exc}", param="Last-Event-ID") from exc
-    return value
+        raise APIError(400, f"{param}: {exc}", param=param) from exc
 
 
 @dataclass(frozen=True)
