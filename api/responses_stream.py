@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from tasks.streams import STREAM_START, DeadlinePassed, RedisKeys, follow_events
 
 logger = logging.getLogger(__name__)
 FROM_START = -1  # no event sent yet
+SEQUENCE_NUMBER = re.compile(r"[0-9]{1,18}")
 TIMED_OUT = ErrorInfo("The response timed out.", "timeout", None, "timeout")
 INTERRUPTED = ErrorInfo(
     "The event stream was interrupted; resume with starting_after.", "service_unavailable", None, "service_unavailable"
@@ -36,7 +38,7 @@ def starting_after() -> int:
     value = request.args.get("starting_after") or request.headers.get("Last-Event-ID")
     if value is None:
         return FROM_START
-    if not value.isdigit() or len(value) > 18:
+    if not SEQUENCE_NUMBER.fullmatch(value):  # not str.isdigit: "²" is a digit to it, and int() refuses it
         raise APIError(400, "starting_after must be a sequence number (an integer >= 0).", param="starting_after")
     return int(value)
 
