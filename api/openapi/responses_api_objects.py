@@ -89,7 +89,7 @@ class ResponseObject(BaseModel):
     reasoning: Reasoning
     store: bool
     temperature: float | None
-    text: dict[str, Any] = Field(description="the request's `text`, its format by default {\"type\": \"text\"}")
+    text: dict[str, Any] = Field(description='the request\'s `text`, its format by default {"type": "text"}')
     tool_choice: str | dict[str, Any]
     tools: list[dict[str, Any]]
     top_p: float | None

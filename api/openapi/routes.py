@@ -37,16 +37,25 @@ PROFILE_SCOPE = query(
 )
 SEQUENCE_NUMBER = {"type": "string", "pattern": r"^[0-9]{0,18}$"}  # empty: from the start
 RESPONSE_STREAM = (
-    query("stream", {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$", "default": "false"},
-          "true: the response's typed events (from its start, or after starting_after) instead of the object"),
+    query(
+        "stream",
+        {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$", "default": "false"},
+        "true: the response's typed events (from its start, or after starting_after) instead of the object",
+    ),
     query("starting_after", SEQUENCE_NUMBER, "With stream: resume after this event's sequence_number"),
     header("Last-Event-ID", SEQUENCE_NUMBER, "As starting_after, for an EventSource; read only without it"),
 )
 FILE_LIST = (
-    query("limit", {"type": "integer", "minimum": 1, "maximum": files.MAX_LIST_LIMIT,
-                    "default": files.MAX_LIST_LIMIT}, "Page size"),
-    query("order", {"type": "string", "enum": list(files.LIST_ORDERS), "default": "desc"},
-          "By creation time: desc, newest first, or asc"),
+    query(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": files.MAX_LIST_LIMIT, "default": files.MAX_LIST_LIMIT},
+        "Page size",
+    ),
+    query(
+        "order",
+        {"type": "string", "enum": list(files.LIST_ORDERS), "default": "desc"},
+        "By creation time: desc, newest first, or asc",
+    ),
     query("after", {"type": "string"}, "A file id: list the files after it in this order"),
     query("purpose", {"type": "string"}, "Only files of this purpose (batch, batch_output)"),
 )
