@@ -16,20 +16,25 @@ class Health(BaseModel):
     model: str
 
 
+class ByQueue(BaseModel):
+    interactive: int
+    bulk: int
+
+
 class WorkerReadiness(BaseModel):
     name: str
     heartbeat_age_s: float = Field(description="seconds since the worker's last heartbeat")
     num_requests_running: int
-    num_requests_waiting: int
+    num_requests_waiting: ByQueue = Field(description="in the worker's engine")
     kv_cache_usage: float = Field(description="the share of the worker's KV cache blocks in use")
 
 
 class ModelReadiness(BaseModel):
     status: Literal["ready", "unavailable"]
     workers: list[WorkerReadiness]
-    queue_depth: int
+    queue_depth: ByQueue = Field(description="Celery messages not yet taken by a worker")
     num_requests_running: int
-    num_requests_waiting: int
+    num_requests_waiting: ByQueue = Field(description="in the queues and the engines")
     kv_cache_usage: float
 
 
