@@ -14,6 +14,7 @@ import pytest
 import redis
 from flask import Flask
 from flask.testing import FlaskClient
+from prometheus_client import CONTENT_TYPE_LATEST
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
 from api.app import create_app
@@ -135,3 +136,20 @@ def test_contract_is_served_without_a_key_and_docs_load_only_local_assets(client
             assert client.get(asset).status_code == 200, asset
     assert '"url": "/openapi.json"' in client.get("/docs").get_data(as_text=True)
     assert client.get("/docs/no-such-asset.js").get_json()["error"]["code"] == "not_found"
+
+
+def test_a_routes_own_unavailable_body_and_typed_event_streams(document: dict[str, Any]) -> None:
+    """/health/ready's 503 is its own body (with OpenAI's error in it) or the common error; the Responses API's stream
+    is typed events that end with the terminal event, chat's stream chunks that end with [DONE]."""
+    paths = document["paths"]
+    not_ready = paths["/health/ready"]["get"]["responses"]["503"]["content"]["application/json"]["schema"]
+    assert not_ready == {"anyOf": [{"$ref": "#/components/schemas/NotReady"}, ERROR_REF]}
+    assert "error" in document["components"]["schemas"]["NotReady"]["required"]
+    responses_data = paths["/v1/responses"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    typed = responses_data["properties"]["data"]
+    assert typed["contentMediaType"] == "application/json"  # never the closing [DONE]
+    assert {"$ref": "#/components/schemas/ResponseLifecycleEvent"} in typed["contentSchema"]["anyOf"]
+    chat_data = paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert {"const": "[DONE]"} in chat_data["properties"]["data"]["anyOf"]
+    metrics = paths["/metrics"]["get"]["responses"]
+    assert set(metrics["200"]["content"]) == {CONTENT_TYPE_LATEST} and "403" in metrics
