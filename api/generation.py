@@ -20,17 +20,18 @@ from api.responses import StreamMeta, completion_object
 from api.sampling import prompts_sampling_params
 from api.schemas import GenerationFields
 from api.services import db_session, services
-from api.sse import relay_frames, sse_response
+from api.sse import relay_frames, resumable_response, sse_response
 from api.steering import steering_and_monitor
 from api.structured import request_grammar
 from api.tools import NO_TOOLS, ToolPlan
 from tasks.celery_app import enqueue_generate
-from tasks.finish import finish_request
-from tasks.messages import Endpoint, ErrorInfo, FinishReason, GenerateRequest
+from tasks.finish import cancel_request
+from tasks.messages import Endpoint, ErrorInfo, GenerateRequest, StreamEvent
 from tasks.models import RequestRecord, RequestStatus
 from tasks.orphans import fail_if_orphaned
-from tasks.store import cancel_if_queued, create_request, get_request, record_result
-from tasks.streams import STREAM_START, RedisKeys, request_cancel, wait_for_final
+from tasks.store import create_request, get_request, record_result
+from tasks.stream_attachments import StreamAttachment, attach
+from tasks.streams import STREAM_START, RedisKeys, wait_for_final
 
 logger = logging.getLogger(__name__)
 ERROR_STATUS = {"invalid_request_error": 400, "service_unavailable": 503}  # else 500
@@ -136,12 +137,9 @@ def record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Request
 
 
 def cancel_generation(request_id: str) -> None:
-    """Stop a request wherever it is: a running one through its cancel flag, a queued one right here."""
     svc = services()
-    request_cancel(svc.redis, svc.config, request_id)
     with svc.sessions() as session:
-        if cancel_if_queued(session, request_id):
-            finish_request(session, svc.redis, svc.config, request_id, finish_reason=FinishReason.ABORT)
+        cancel_request(session, svc.redis, svc.config, request_id)
 
 
 def request_frames(record: RequestRecord, after_id: str, on_timeout: Callable[[], None] | None = None) -> Iterator[str]:
@@ -159,15 +157,22 @@ def request_frames(record: RequestRecord, after_id: str, on_timeout: Callable[[]
     )
 
 
+def stream_response(record: RequestRecord, after_id: str, on_timeout: Callable[[], None] | None = None) -> Response:
+    """The SSE relay of a request's stream after the frame `after_id`. While the request runs the relay holds an
+    attachment, so a client that drops leaves the request running for STREAM_RESUME_GRACE_S to resume."""
+    frames = request_frames(record, after_id, on_timeout)
+    if record.is_finished:
+        return sse_response(frames)
+    svc = services()
+    return resumable_response(frames, attach(svc.redis, svc.config, record.id))
+
+
 def _stream(record: RequestRecord) -> Response:
     def cancel() -> None:
-        logger.info("stream of %s ended early; cancelling it", record.id)
-        try:
-            cancel_generation(record.id)
-        except Exception:  # the client is gone; nobody to tell but the log
-            logger.exception("could not cancel %s", record.id)
+        logger.info("stream of %s timed out; cancelling it", record.id)
+        cancel_generation(record.id)
 
-    return sse_response(request_frames(record, STREAM_START, on_timeout=cancel), on_abandon=cancel)
+    return stream_response(record, STREAM_START, on_timeout=cancel)
 
 
 def _wait(record: RequestRecord) -> Response:
@@ -177,24 +182,12 @@ def _wait(record: RequestRecord) -> Response:
 def wait_for_finished(record: RequestRecord) -> RequestRecord:
     """The request once it has ended well; an APIError with its own error otherwise (504 when it timed out)."""
     svc = services()
-    key = RedisKeys(svc.config.redis_prefix).request_stream(record.id)
-
-    def check_worker() -> None:
-        fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
-
-    def check_client() -> None:
-        if is_client_gone():  # as a stream's drop does: nobody will read the result, so free the GPU
-            logger.info("client of %s hung up; cancelling it", record.id)
-            cancel_generation(record.id)
-
-    final = wait_for_final(
-        svc.streams.read_json,
-        key,
-        idle_s=svc.config.sse_heartbeat_s,
-        timeout_s=svc.config.request_timeout_s,
-        on_idle=check_worker,
-        on_tick=check_client,
-    )
+    # A reader too, like a stream's relay: another client's dropped stream of this request must not cancel it.
+    attachment = attach(svc.redis, svc.config, record.id)
+    try:
+        final = _wait_for_final(record, attachment)
+    finally:
+        attachment.detach()
     if final is None:
         cancel_generation(record.id)
         raise APIError(504, "The request timed out; it was cancelled.", type="timeout", code="timeout")
@@ -208,6 +201,28 @@ def wait_for_finished(record: RequestRecord) -> RequestRecord:
         status = ERROR_STATUS.get(error.type, 500)
         raise APIError(status, error.message, type=error.type, param=error.param, code=error.code)
     return finished
+
+
+def _wait_for_final(record: RequestRecord, attachment: StreamAttachment) -> StreamEvent | None:
+    svc = services()
+
+    def check_worker() -> None:
+        fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
+
+    def check_client() -> None:
+        attachment.renew_if_due()
+        if is_client_gone():  # nothing can resume a non-streamed answer: free the GPU now
+            logger.info("client of %s hung up; cancelling it", record.id)
+            cancel_generation(record.id)
+
+    return wait_for_final(
+        svc.streams.read_json,
+        RedisKeys(svc.config.redis_prefix).request_stream(record.id),
+        idle_s=svc.config.sse_heartbeat_s,
+        timeout_s=svc.config.request_timeout_s,
+        on_idle=check_worker,
+        on_tick=check_client,
+    )
 
 
 def json_body() -> dict:

@@ -1,4 +1,4 @@
-"""Relay a request's Redis stream as Server-Sent Events, resumable by stream entry id."""
+"""Relay a request's Redis stream as Server-Sent Events, resumable from any frame's id."""
 
 from __future__ import annotations
 
@@ -6,30 +6,79 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import redis
 from flask import Response, request, stream_with_context
 
 from api.errors import APIError
 from api.responses import StreamMeta, stream_chunks
-from tasks.messages import ErrorInfo, EventType
-from tasks.streams import STREAM_START, DeadlinePassed, JsonReader, entry_order, follow_events
+from tasks.messages import ErrorInfo, EventType, StreamEvent
+from tasks.stream_attachments import StreamAttachment
+from tasks.streams import STREAM_START, DeadlinePassed, JsonReader, entry_before, entry_order, follow_events
 
 logger = logging.getLogger(__name__)
-ENTRY_ID = re.compile(r"^\d+-\d+$")
+ENTRY_ID = re.compile(r"^(\d+-\d+)$")
+# A request stream's frame id: its entry's id once every frame made from that entry is sent, else the entry's id and
+# how many of its frames are ("1700000000000-4:1").
+FRAME_ID = re.compile(r"^(\d+-\d+)(?::(\d{1,6}))?$")
 RETRY_MS = 1000  # how long a dropped EventSource waits before it reconnects with Last-Event-ID
+DONE = "[DONE]"
 
 
-def last_event_id() -> str:
-    """Where a reconnecting client left off: the Last-Event-ID header, or ?last_event_id= for curl."""
-    value = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or STREAM_START
-    if not ENTRY_ID.match(value):
-        raise APIError(400, "Last-Event-ID must be a stream entry id like 1700000000000-0", param="Last-Event-ID")
+def last_event_id(pattern: re.Pattern[str] = ENTRY_ID) -> str:
+    """Where a reconnecting client left off: the Last-Event-ID header, or ?last_event_id= for curl. Each one given is
+    checked, so a malformed query beside a good header is refused rather than silently ignored."""
+    given = [(value, param) for value, param in _event_id_sources() if value]
+    for value, param in given:
+        _check_event_id(value, param, pattern)
+    return given[0][0] if given else STREAM_START
+
+
+def _event_id_sources() -> list[tuple[str | None, str]]:
+    return [
+        (request.headers.get("Last-Event-ID"), "Last-Event-ID"),
+        (request.args.get("last_event_id"), "last_event_id"),
+    ]
+
+
+def _check_event_id(value: str, param: str, pattern: re.Pattern[str]) -> None:
+    match = pattern.match(value)
+    if match is None:
+        raise APIError(400, f"{param} must be an event id like 1700000000000-0", param=param)
     try:
-        entry_order(value)  # one process's reads share an XREAD, which one id out of range would fail for all
+        entry_order(match.group(1))  # one process's reads share an XREAD, which one id out of range would fail for all
     except ValueError as exc:
-        raise APIError(400, f"Last-Event-ID: {exc}", param="Last-Event-ID") from exc
-    return value
+        raise APIError(400, f"{param}: {exc}", param=param) from exc
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """What a client already has: the frames of the stream up to entry `entry_id`, and `num_frames` frames of that
+    entry (None: all of them). Parsed from a `FRAME_ID` that `last_event_id` checked."""
+
+    entry_id: str
+    num_frames: int | None
+
+    @classmethod
+    def parse(cls, event_id: str) -> ResumePoint:
+        match = FRAME_ID.match(event_id)
+        if match is None:
+            raise ValueError(f"{event_id!r} is not a frame id")
+        return cls(match.group(1), None if match.group(2) is None else int(match.group(2)))
+
+    @property
+    def read_after(self) -> str:
+        """Where to read the stream from: just before `entry_id`, whose frames may not all have been sent."""
+        return entry_before(self.entry_id)
+
+    def has(self, entry_id: str, index: int) -> bool:
+        return entry_id == self.entry_id and (self.num_frames is None or index < self.num_frames)
+
+
+def frame_id(entry_id: str, index: int, num_frames: int) -> str:
+    """The id of frame `index` of the `num_frames` made from a stream entry: resuming from it loses and repeats none."""
+    return entry_id if index == num_frames - 1 else f"{entry_id}:{index + 1}"
 
 
 def sse_frame(data: str, event_id: str | None = None, retry_ms: int | None = None) -> str:
@@ -52,52 +101,69 @@ def relay_frames(
 ) -> Iterator[str]:
     """Frames until the final event, then [DONE]; a comment whenever heartbeat_s passes quietly.
 
-    Only the last frame made from a stream entry carries its id, so a client that drops between the frames of one
-    entry resumes before that entry and misses none of them. A comment goes out at once: it sends the response's
-    headers, so a client knows its request was admitted before the first token exists. The first event carries
-    `retry:` (a block of `retry:` alone would reach the openai client as an event with empty data)."""
+    `after_id` is a frame id (`FRAME_ID`): every frame's id says what the client has once it has that frame, so
+    resuming from any of them loses and repeats nothing, and resuming after the final entry gets [DONE] at once. A
+    comment goes out at once: it sends the response's headers, so a client knows its request was admitted before the
+    first token exists. The first frame carries `retry:` (a block of `retry:` alone would reach the openai client as
+    an event with empty data); an error frame carries the id of the frame before it."""
     yield ": admitted\n\n"
+    start = ResumePoint.parse(after_id)
+    sent_id = after_id
     retry_ms: int | None = RETRY_MS
     try:
-        for item in follow_events(read, key, after_id, idle_s=heartbeat_s, timeout_s=timeout_s, on_idle=on_idle):
+        events = follow_events(read, key, start.read_after, idle_s=heartbeat_s, timeout_s=timeout_s, on_idle=on_idle)
+        for item in events:
             if item is None:
                 yield ": keep-alive\n\n"
                 continue
-            entry_id, event = item
-            payloads = [json.dumps(chunk) for chunk in stream_chunks(meta, event)]
-            if event.type == EventType.FINAL:
-                payloads.append("[DONE]")
-            for index, payload in enumerate(payloads):
-                yield sse_frame(payload, entry_id if index == len(payloads) - 1 else None, retry_ms)
+            for sent_id, payload in _frames_to_send(meta, *item, start):
+                yield sse_frame(payload, sent_id, retry_ms)
                 retry_ms = None
     except DeadlinePassed:
-        yield from _timed_out(on_timeout)
+        yield from _timed_out(on_timeout, sent_id, retry_ms)
     except redis.exceptions.RedisError as exc:
         logger.warning("stream %s broke off: %s", key, exc)
         error = ErrorInfo("The event stream was interrupted; reconnect with Last-Event-ID.", "service_unavailable")
-        yield sse_frame(json.dumps({"error": error.to_dict()}))
+        yield sse_frame(json.dumps({"error": error.to_dict()}), sent_id, retry_ms)
 
 
-def _timed_out(on_timeout: Callable[[], None] | None) -> Iterator[str]:
+def _frames_to_send(meta: StreamMeta, entry_id: str, event: StreamEvent, start: ResumePoint) -> list[tuple[str, str]]:
+    """(id, data) of the frames made from one stream entry that the client lacks; [DONE] it gets again."""
+    payloads = [json.dumps(chunk) for chunk in stream_chunks(meta, event)]
+    if event.type == EventType.FINAL:
+        payloads.append(DONE)
+    return [
+        (frame_id(entry_id, index, len(payloads)), payload)
+        for index, payload in enumerate(payloads)
+        if payload == DONE or not start.has(entry_id, index)
+    ]
+
+
+def _timed_out(on_timeout: Callable[[], None] | None, sent_id: str, retry_ms: int | None) -> Iterator[str]:
     if on_timeout is not None:
         on_timeout()
     error = ErrorInfo("The request timed out.", "timeout", None, "timeout")
-    yield sse_frame(json.dumps({"error": error.to_dict()}))
+    yield sse_frame(json.dumps({"error": error.to_dict()}), sent_id, retry_ms)
 
 
-def sse_response(frames: Iterator[str], on_abandon: Callable[[], None] | None = None) -> Response:
-    """`on_abandon` runs when the client leaves before the frames run out."""
+def resumable_response(frames: Iterator[str], attachment: StreamAttachment) -> Response:
+    """`sse_response` for a relay that holds `attachment` (`tasks.stream_attachments.attach`): it renews the lease as
+    frames go out and detaches when the relay ends, however it ends. A client that drops leaves the request running
+    for `stream_resume_grace_s`, to resume with Last-Event-ID; after that, with nobody reading, a reaper cancels it."""
 
-    def guarded() -> Iterator[str]:
-        is_complete = False
+    def held() -> Iterator[str]:
         try:
-            yield from frames
-            is_complete = True
+            for frame in frames:
+                attachment.renew_if_due()
+                yield frame
         finally:
-            if not is_complete and on_abandon is not None:
-                on_abandon()
+            attachment.detach()
 
-    response = Response(stream_with_context(guarded()), mimetype="text/event-stream")
+    return sse_response(held())
+
+
+def sse_response(frames: Iterator[str]) -> Response:
+    response = Response(stream_with_context(frames), mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
     response.headers["X-Accel-Buffering"] = "no"
     return response

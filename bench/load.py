@@ -5,7 +5,8 @@ stack on loopback and, at each step, while the streams are open, probes `/health
 
 Each step opens N streams at once (short prompts, greedy, EOS ignored), each held open until its last token or the
 step's timeout, and prints: how many got 200, 429 or anything else; TTFT p50/p99 of the admitted ones; `/health`
-latency p50/p99 while they were open; how long a new request waited for its answer (200 or 429); and the api
+latency p50/p99 while they were open, and p99 once every stream had its answer (the api then only relays tokens
+while the worker runs flat out); how long a new request waited for its answer (200 or 429); and the api
 process's resident memory, total and per open stream. The probes run in a process of their own, so that the
 streams' client, busy reading N streams, does not delay them. Loopback only; the stack's settings come from the
 environment (MAX_NUM_SEQS, MAX_QUEUED_REQUESTS, API_CONNECTIONS ...).
@@ -40,6 +41,8 @@ class StepResult:
     statuses: dict[str, int] = field(default_factory=dict)
     ttft_s: list[float] = field(default_factory=list)
     health_s: list[float] = field(default_factory=list)
+    health_sent_at: list[float] = field(default_factory=list)  # wall clock
+    all_admitted_at: float = float("inf")  # wall clock: the last stream's answer (200 or refusal) arrived
     new_request_s: float = float("nan")
     new_request_status: int = 0
     api_rss_mb: float = 0.0
@@ -78,6 +81,7 @@ async def one_stream(client: httpx.AsyncClient, body: dict, result: StepResult, 
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:
             result.count(str(response.status_code))
+            result.all_admitted_at = time.time()
             if response.status_code != 200:
                 return
             is_first = True
@@ -90,10 +94,14 @@ async def one_stream(client: httpx.AsyncClient, body: dict, result: StepResult, 
         result.count(type(exc).__name__)
 
 
-def probe(base_url: str, headers: dict, body: dict, start_new_at: float, stop: Any, results: Any) -> None:
-    """In its own process: `/health` every 100 ms until `stop` is set, and one new request at `start_new_at`."""
+def probe(base_url: str, headers: dict, body: dict, ready: Any, stop: Any, results: Any) -> None:
+    """In its own process: `/health` every 100 ms until `stop` is set, and one new request 2 s after it sets `ready`
+    (the step's streams open then: on a loaded machine a spawned process can take a minute to import)."""
     session = requests.Session()
+    start_new_at = time.time() + 2.0
+    ready.set()
     health_s: list[float] = []
+    sent_at: list[float] = []
     new_request = (float("nan"), 0)
     while not stop.is_set():
         if time.time() >= start_new_at and new_request[1] == 0:
@@ -102,13 +110,14 @@ def probe(base_url: str, headers: dict, body: dict, start_new_at: float, stop: A
                               stream=True, timeout=60) as response:  # fmt: skip
                 new_request = (time.perf_counter() - started, response.status_code)  # admitted (200) or refused
         started = time.perf_counter()
+        sent_at.append(time.time())
         try:
             session.get(f"{base_url}/health", timeout=10)
             health_s.append(time.perf_counter() - started)
         except requests.RequestException:
             health_s.append(float("inf"))
         time.sleep(HEALTH_PROBE_INTERVAL_S)
-    results.put((health_s, new_request))
+    results.put((health_s, sent_at, new_request))
 
 
 async def run_step(stack: Stack, num_streams: int, args: argparse.Namespace) -> StepResult:
@@ -125,9 +134,11 @@ async def run_step(stack: Stack, num_streams: int, args: argparse.Namespace) -> 
     headers = {"Authorization": f"Bearer {stack.api_key}"}
     timeout = httpx.Timeout(args.step_timeout, connect=args.step_timeout)
     spawn = multiprocessing.get_context("spawn")
-    stop, results = spawn.Event(), spawn.Queue()
-    prober = spawn.Process(target=probe, args=(stack.base_url, headers, body, time.time() + 2.0, stop, results))
+    ready, stop, results = spawn.Event(), spawn.Event(), spawn.Queue()
+    prober = spawn.Process(target=probe, args=(stack.base_url, headers, body, ready, stop, results))
     prober.start()
+    if not ready.wait(300):
+        raise TimeoutError("the probe process did not start")
     async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, limits=limits, timeout=timeout) as client:
         opened = asyncio.Event()
         streams = [asyncio.create_task(one_stream(client, body, result, opened)) for _ in range(num_streams)]
@@ -136,7 +147,7 @@ async def run_step(stack: Stack, num_streams: int, args: argparse.Namespace) -> 
         result.api_rss_mb = api_rss_mb(stack)
         await asyncio.wait(streams, timeout=args.step_timeout)
     stop.set()
-    result.health_s, (result.new_request_s, result.new_request_status) = results.get(timeout=60)
+    result.health_s, result.health_sent_at, (result.new_request_s, result.new_request_status) = results.get(timeout=60)
     prober.join(10)
     return result
 
@@ -144,18 +155,21 @@ async def run_step(stack: Stack, num_streams: int, args: argparse.Namespace) -> 
 def table(results: list[StepResult]) -> str:
     header = (
         "| streams | 200 | 429 | other (kind: count) | TTFT p50 s | TTFT p99 s | /health p50 ms | /health p99 ms | "
-        "new request s (status) | api RSS MB | KB per stream |"
+        "/health p99 ms once all admitted (probes) | new request s (status) | api RSS MB | KB per stream |"
     )
-    lines = [header, "|" + "---|" * 11]
+    lines = [header, "|" + "---|" * 12]
     for r in results:
         other = ", ".join(f"{status}: {n}" for status, n in sorted(r.statuses.items()) if status not in ("200", "429"))
         ttft = sorted(r.ttft_s) or [float("nan")]
         health = sorted(r.health_s) or [float("nan")]
+        streaming = [s for s, at in zip(r.health_s, r.health_sent_at, strict=True) if at > r.all_admitted_at]
+        streaming_p99 = percentile(sorted(streaming) or [float("nan")], 99)
         per_stream_kb = (r.api_rss_mb - r.api_rss_idle_mb) * 1024 / r.num_streams
         lines.append(
             f"| {r.num_streams} | {r.statuses.get('200', 0)} | {r.statuses.get('429', 0)} | {other or 0} | "
             f"{statistics.median(ttft):.2f} | {percentile(ttft, 99):.2f} | {statistics.median(health) * 1e3:.1f} | "
-            f"{percentile(health, 99) * 1e3:.1f} | {r.new_request_s:.3f} ({r.new_request_status}) | "
+            f"{percentile(health, 99) * 1e3:.1f} | {streaming_p99 * 1e3:.1f} ({len(streaming)}) | "
+            f"{r.new_request_s:.3f} ({r.new_request_status}) | "
             f"{r.api_rss_mb:.0f} | {per_stream_kb:.0f} |"
         )
     return "\n".join(lines)

@@ -1,13 +1,16 @@
 """The plots in docs/BENCHMARKS.md, drawn from the numbers in one JSON file, so that they can be redrawn and checked.
 
     .venv/bin/python -m bench.plots [--data docs/data/benchmarks.json] [--out-dir docs/img]
-        [--engine-table engine.md] [--service-load load.json] [--commit abc1234]
+        [--engine-table engine.md [--engine-section engine_throughput_135m]] [--service-load load.json]
+        [--commit abc1234]
 
 --engine-table (the markdown `bench.engine_throughput --out` writes) and --service-load (the JSON
 `bench.service_streams --concurrency-levels ... --json` writes) first replace that section of the data file, noted
-as measured at --commit (default: the checkout's HEAD). Then both plots are drawn from the data file:
-engine_throughput.png (output tokens/s of each engine, its median round, with the range of its rounds) and
-service_load.png (TTFT p50 and p99, and output tokens/s, against the number of streams at once).
+as measured at --commit (default: the checkout's HEAD); --engine-section names the engine section (default
+engine_throughput; another, such as engine_throughput_135m, keeps a second model's run beside it). Then the plots are
+drawn from the data file: <engine section>.png for each engine section (output tokens/s of each engine, its median
+round, with the range of its rounds) and service_load.png (TTFT p50 and p99, and output tokens/s, against the number
+of streams at once).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import matplotlib.pyplot as plt
 
 from bench.metrics import COLUMNS
 
-ENGINE_PLOT, LOAD_PLOT = "engine_throughput.png", "service_load.png"
+ENGINE_SECTION, LOAD_PLOT = "engine_throughput", "service_load.png"
+ENGINE_PLOT = f"{ENGINE_SECTION}.png"
 PNG_METADATA = {"Software": None}  # no matplotlib version in the file: redrawing the same numbers changes nothing
 
 
@@ -35,6 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=Path("docs/data/benchmarks.json"))
     parser.add_argument("--out-dir", type=Path, default=Path("docs/img"))
     parser.add_argument("--engine-table", type=Path, help="bench.engine_throughput's markdown, to import first")
+    parser.add_argument("--engine-section", default=ENGINE_SECTION, help="the data file's section it goes to")
     parser.add_argument("--service-load", type=Path, help="bench.service_streams' load JSON, to import first")
     parser.add_argument("--commit", help="the commit the imported numbers were measured at (default: HEAD)")
     return parser.parse_args(argv)
@@ -84,7 +89,7 @@ def head_commit() -> str:
     ).stdout.strip()
 
 
-def plot_engine(section: dict[str, Any], out: Path) -> None:
+def plot_engine(section: dict[str, Any], out: Path, what: str) -> None:
     workloads = list(dict.fromkeys(row["workload"] for row in section["rows"]))
     engines = list(dict.fromkeys(row["engine"] for row in section["rows"]))
     cells = {(row["workload"], row["engine"]): row for row in section["rows"]}
@@ -105,7 +110,7 @@ def plot_engine(section: dict[str, Any], out: Path) -> None:
         ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=2)
     ax.set_xticks(range(len(workloads)), workloads)
     ax.set_ylabel("output tokens/s (median round; whiskers: every round)")
-    ax.set_title(f"Engine throughput against HF baselines, measured at {section['commit']}", fontsize=11)
+    ax.set_title(f"Engine throughput against HF baselines{what}, measured at {section['commit']}", fontsize=11)
     ax.legend(fontsize=8)
     fig.text(0.01, 0.01, section["machine"], fontsize=7, color="gray")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -148,14 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine_table is not None or args.service_load is not None:
         commit = args.commit or head_commit()
         if args.engine_table is not None:
-            data["engine_throughput"] = {"commit": commit, **parse_engine_table(args.engine_table.read_text())}
+            data[args.engine_section] = {"commit": commit, **parse_engine_table(args.engine_table.read_text())}
         if args.service_load is not None:
             data["service_load"] = {"commit": commit, **json.loads(args.service_load.read_text())}
         args.data.parent.mkdir(parents=True, exist_ok=True)
         args.data.write_text(json.dumps(data, indent=2) + "\n")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    if "engine_throughput" in data:
-        plot_engine(data["engine_throughput"], args.out_dir / ENGINE_PLOT)
+    for name in (name for name in data if name.startswith(ENGINE_SECTION)):
+        model = name.removeprefix(ENGINE_SECTION).strip("_")  # engine_throughput_135m: "135m"
+        what = f" ({model} model)" if model else ""
+        plot_engine(data[name], args.out_dir / f"{name}.png", what)
     if "service_load" in data:
         plot_load(data["service_load"], args.out_dir / LOAD_PLOT)
     return 0

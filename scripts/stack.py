@@ -122,8 +122,8 @@ class Stack:
         logger.info("started %s (pid %d)", name, popen.pid)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        self.wait_for_worker(timeout_s)
-        _wait_until(lambda: self._check_alive() and _is_healthy(self.base_url), timeout_s, "api")
+        """Until the api's /health/ready says every served model has a live worker of this stack (its Redis prefix)."""
+        _wait_until(lambda: self._check_alive() and _is_ready(self.base_url), timeout_s, "stack")
         logger.info("stack ready at %s", self.base_url)
 
     def wait_for_worker(self, timeout_s: float) -> None:
@@ -165,8 +165,10 @@ def _stop(process: ManagedProcess) -> None:
 
 
 def _worker_command(config: Config) -> list[str]:
+    # `nice` execs the worker, so its pid is the worker's own (the supervisor and the tests signal it)
+    nice = ["nice", "-n", str(config.worker_nice)] if config.worker_nice else []
     return [
-        sys.executable, "-m", "celery", "-A", "worker.app", "worker",
+        *nice, sys.executable, "-m", "celery", "-A", "worker.app", "worker",
         "--prefetch-multiplier", "1", "--task-events", "--without-gossip", "--without-mingle",
         "--hostname", f"steerbatch-{uuid.uuid4().hex[:8]}@%h", "--loglevel", config.log_level,
     ]  # fmt: skip
@@ -199,9 +201,9 @@ def _flower_command(config: Config) -> list[str]:
     ]  # fmt: skip
 
 
-def _is_healthy(base_url: str) -> bool:
+def _is_ready(base_url: str) -> bool:
     try:
-        return requests.get(f"{base_url}/health", timeout=2).status_code == 200
+        return requests.get(f"{base_url}/health/ready", timeout=2).status_code == 200
     except requests.RequestException:
         return False
 

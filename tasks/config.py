@@ -30,9 +30,15 @@ class Config:
     stream_maxlen: int = 10_000
     stream_ttl_s: int = 3600
     sse_heartbeat_s: float = 15.0
+    # A streaming client that drops leaves its request running this long for it (or another) to resume with
+    # Last-Event-ID; with nobody reading after it, a worker's request reaper cancels it (tasks/stream_attachments.py).
+    stream_resume_grace_s: float = 30.0
     request_timeout_s: float = 600.0
     worker_concurrency: int = 32
     worker_lease_s: float = 15.0  # a worker silent this long is dead: its running requests fail
+    # The launcher starts workers this much nicer than itself (`nice -n`), so that where they share CPU cores with the
+    # api, the api's greenlets run first and /health and new requests stay quick while the engine runs flat out.
+    worker_nice: int = 10
     max_num_seqs: int = 32  # requests the engine runs at once
     max_num_batched_tokens: int = 2048  # tokens per forward pass: the step's budget, decodes and prefill chunks
     prefill_chunk_size: int = 512  # a long prompt is prefilled this many tokens per step, so decodes keep flowing

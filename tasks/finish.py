@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 from tasks.config import Config
 from tasks.messages import ErrorInfo, EventType, FinishReason, StreamEvent, Usage, UsageDetails
 from tasks.models import RequestRecord
-from tasks.store import record_result
-from tasks.streams import append_event
+from tasks.store import cancel_if_queued, record_result
+from tasks.streams import append_event, request_cancel
 
 
 def finish_request(
@@ -57,3 +57,10 @@ def finish_request(
         )
         append_event(client, config, request_id, final)
     return recorded
+
+
+def cancel_request(session: Session, client: redis.Redis, config: Config, request_id: str) -> None:
+    """Stop a request wherever it is: a running one through its cancel flag, a queued one right here."""
+    request_cancel(client, config, request_id)
+    if cancel_if_queued(session, request_id):
+        finish_request(session, client, config, request_id, finish_reason=FinishReason.ABORT)

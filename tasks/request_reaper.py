@@ -4,6 +4,8 @@
 - When Redis runs without persistence, a request still queued from before the server started was queued on a server
   that is gone, with its message: it fails with `queue_lost` instead of waiting for ever. (The api refuses new
   requests while Redis is down and enqueues each right after recording it, so nothing else is queued that early.)
+- A queued or running request whose stream nobody has read for `stream_resume_grace_s` (its streaming client dropped
+  and did not resume) is cancelled (tasks/stream_attachments.py): within the grace plus a pass.
 
 Every close goes through `finish_request`, a conditional write, so any number of reapers may run at once."""
 
@@ -18,10 +20,11 @@ from sqlalchemy import select
 
 from tasks.config import Config
 from tasks.db import SessionFactory
-from tasks.finish import finish_request
+from tasks.finish import cancel_request, finish_request
 from tasks.messages import ErrorInfo
 from tasks.models import RequestRecord, RequestStatus
 from tasks.orphans import fail_if_orphaned
+from tasks.stream_attachments import take_abandoned
 from tasks.streams import is_worker_alive
 
 logger = logging.getLogger(__name__)
@@ -31,6 +34,14 @@ QUEUE_LOST = ErrorInfo(
     None,
     "queue_lost",
 )
+OPEN_STATUSES = (RequestStatus.QUEUED.value, RequestStatus.RUNNING.value)
+MIN_INTERVAL_S = 0.5
+
+
+def reaper_interval_s(config: Config) -> float:
+    """Half a worker lease, or half the resume grace when that is shorter: a dead worker's requests fail within two
+    leases, and an abandoned stream's request is cancelled within one and a half graces."""
+    return max(MIN_INTERVAL_S, min(config.worker_lease_s, config.stream_resume_grace_s) / 2)
 
 
 @dataclass(frozen=True)
@@ -52,12 +63,25 @@ class RequestReaper:
         self._config = config
 
     def reap_once(self) -> None:
+        self._cancel_abandoned()
         server = RedisServerState.read(self._client)
         if not server.is_persistent:
             self._fail_queued_before(server.started_at)
         # Leases live in Redis: right after a restart none exists yet, and a live worker is not an orphan.
         if time.time() - server.started_at > self._config.worker_lease_s:
             self._fail_orphans()
+
+    def _cancel_abandoned(self) -> None:
+        request_ids = take_abandoned(self._client, self._config)
+        if not request_ids:
+            return
+        with self._sessions() as session:
+            still_open = select(RequestRecord.id).where(
+                RequestRecord.id.in_(request_ids), RequestRecord.status.in_(OPEN_STATUSES)
+            )
+            for request_id in list(session.scalars(still_open)):
+                logger.info("nobody resumed the stream of %s in time; cancelling it", request_id)
+                cancel_request(session, self._client, self._config, request_id)
 
     def _fail_orphans(self) -> None:
         with self._sessions() as session:

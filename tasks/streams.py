@@ -30,6 +30,14 @@ class RedisKeys:
     def cancel_flag(self, request_id: str) -> str:
         return f"{self.prefix}cancel:{request_id}"
 
+    def stream_attachers(self, request_id: str) -> str:
+        """A sorted set: the relays reading a request's stream, each scored by when its lease ends."""
+        return f"{self.prefix}attachers:{request_id}"
+
+    def detached_streams(self) -> str:
+        """A sorted set: request ids, each scored by when it is cancelled unless someone reads its stream."""
+        return f"{self.prefix}streams:detached"
+
     def worker_lease(self, worker: str) -> str:
         return f"{self.prefix}lease:worker:{worker}"
 
@@ -100,6 +108,16 @@ def entry_order(entry_id: str) -> tuple[int, int]:
     if not (0 <= milliseconds <= MAX_ENTRY_PART and 0 <= sequence <= MAX_ENTRY_PART):
         raise ValueError(f"{entry_id!r} is outside Redis's range of stream entry ids")
     return milliseconds, sequence
+
+
+def entry_before(entry_id: str) -> str:
+    """The greatest id below `entry_id` (STREAM_START for itself): reading after it starts at `entry_id`."""
+    milliseconds, sequence = entry_order(entry_id)
+    if sequence > 0:
+        return f"{milliseconds}-{sequence - 1}"
+    if milliseconds > 0:
+        return f"{milliseconds - 1}-{MAX_ENTRY_PART}"
+    return STREAM_START
 
 
 def read_json(client: redis.Redis, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, dict] | None]:

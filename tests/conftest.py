@@ -142,6 +142,7 @@ def make_test_config(model_dir: Path, redis_url: str, database_url: str, **overr
         "max_num_seqs": 16,
         "kv_cache_tokens": 16384,
         "sse_heartbeat_s": 1.0,
+        "stream_resume_grace_s": 4.0,  # a dropped stream's request is cancelled soon after (tests/service)
         "request_timeout_s": 120.0,
         "api_connections": 256,
         **overrides,

@@ -17,7 +17,7 @@ from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
 from tasks.messages import GenerateRequest
-from tasks.request_reaper import RequestReaper
+from tasks.request_reaper import RequestReaper, reaper_interval_s
 from tasks.streams import connect_redis
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.model_runner import ModelRunner
@@ -77,9 +77,8 @@ def load_model(sender: WorkController, **_: object) -> None:
     lease.start()
     steering = SteeringSync(client, config, sender.hostname, engine, runner.saes)
     steering.start()
-    # Half a lease between passes: a dead worker's requests fail within two leases, watched or not.
     request_reaper = RequestReaper(handler.sessions, client, config)
-    reaper = PeriodicThread("request-reaper", config.worker_lease_s / 2, request_reaper.reap_once)
+    reaper = PeriodicThread("request-reaper", reaper_interval_s(config), request_reaper.reap_once)
     reaper.start()
     _runtime.append(WorkerRuntime(engine, handler, lease, steering, reaper))
     bulk = start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, sender.hostname, metrics)

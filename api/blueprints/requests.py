@@ -6,10 +6,10 @@ from flask import Blueprint, Response, jsonify
 
 from api.auth import current_principal
 from api.errors import APIError
-from api.generation import cancel_generation, request_frames
+from api.generation import cancel_generation, stream_response
 from api.responses import request_object
 from api.services import db_session, services
-from api.sse import last_event_id, sse_frame, sse_response
+from api.sse import DONE, FRAME_ID, ResumePoint, last_event_id, sse_frame, sse_response
 from tasks.models import RequestRecord
 from tasks.store import get_owned_request
 from tasks.streams import RedisKeys
@@ -32,17 +32,18 @@ def retrieve_request(request_id: str) -> Response:
 
 @bp.get("/v1/requests/<request_id>/events")
 def request_events(request_id: str) -> Response:
-    """Replays the stream after Last-Event-ID and follows it; leaving never cancels (only the caller may)."""
+    """Replays the stream after Last-Event-ID and follows it. Leaving never cancels at once: a running request goes
+    on for STREAM_RESUME_GRACE_S, for this or another client to resume; only the cancel route stops it now."""
     record = _find(request_id)
-    after_id = last_event_id()
+    after_id = last_event_id(FRAME_ID)
     svc = services()
     key = RedisKeys(svc.config.redis_prefix).request_stream(request_id)
     if record.is_finished:
         if not svc.redis.exists(key):
             raise APIError(410, "The event stream has expired; GET the request for its result.", code="stream_expired")
-        if not svc.redis.xrange(key, min=f"({after_id}", count=1):
-            return sse_response(iter([sse_frame("[DONE]", after_id)]))  # resumed after the final event
-    return sse_response(request_frames(record, after_id))
+        if not svc.redis.xrange(key, min=ResumePoint.parse(after_id).entry_id, count=1):
+            return sse_response(iter([sse_frame(DONE, after_id)]))  # an id past the final event: nothing is left
+    return stream_response(record, after_id)
 
 
 @bp.post("/v1/requests/<request_id>/cancel")

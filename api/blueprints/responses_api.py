@@ -28,11 +28,12 @@ from api.responses_objects import output_items, response_object
 from api.responses_schemas import ResponseCreateRequest
 from api.responses_stream import FROM_START, response_frames, starting_after
 from api.services import db_session, services
-from api.sse import sse_response
+from api.sse import resumable_response, sse_response
 from api.tools import tool_plan
 from tasks.messages import Endpoint, GenerateRequest
 from tasks.response_models import ResponseRecord
 from tasks.response_store import create_response, delete_response, get_owned_response
+from tasks.stream_attachments import attach
 from tasks.streams import RedisKeys, wait_for_final
 
 logger = logging.getLogger(__name__)
@@ -174,11 +175,12 @@ def _wait(record: ResponseRecord) -> Response:
 
 
 def _stream(record: ResponseRecord, after: int) -> Response:
-    """A background response runs on when its stream's client leaves; any other is cancelled, as chat's is."""
+    """A background response runs on when its stream's client leaves; any other runs on for STREAM_RESUME_GRACE_S
+    to be resumed (`starting_after`), then a reaper cancels it, as chat's streams are."""
     response_id, request_id, is_stored = record.id, record.request_id, record.store
 
     def cancel() -> None:
-        logger.info("stream of %s ended early; cancelling it", response_id)
+        logger.info("stream of %s timed out; cancelling it", response_id)
         try:
             cancel_generation(request_id)
         except Exception:  # the client is gone; nobody to tell but the log
@@ -196,4 +198,7 @@ def _stream(record: ResponseRecord, after: int) -> Response:
             with services().sessions() as session:
                 _forget(response_id, session)
 
-    return sse_response(frames(), on_abandon=None if record.background else cancel)
+    if record.background or record.request.is_finished:
+        return sse_response(frames())
+    svc = services()
+    return resumable_response(frames(), attach(svc.redis, svc.config, request_id))

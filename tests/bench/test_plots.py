@@ -61,3 +61,9 @@ def test_imports_both_outputs_then_draws_both_plots(tmp_path: Path) -> None:
     assert main(argv) == 0  # redrawn from the data file alone
     assert (out_dir / ENGINE_PLOT).exists()
     assert json.loads(data.read_text()) == imported
+
+    assert (
+        main([*argv, "--engine-table", str(tmp_path / "engine.md"), "--engine-section", "engine_throughput_135m"]) == 0
+    )
+    assert json.loads(data.read_text()) == {**imported, "engine_throughput_135m": engine}  # beside the first
+    assert (out_dir / "engine_throughput_135m.png").read_bytes().startswith(PNG_SIGNATURE)

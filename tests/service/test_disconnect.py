@@ -1,5 +1,5 @@
-"""A non-streamed client that hangs up cancels its request, as a streamed one does: nobody will read the result,
-so the engine stops generating it."""
+"""A non-streamed client that hangs up cancels its request at once: nothing can resume a non-streamed answer, so
+the engine stops generating it (a streamed one has STREAM_RESUME_GRACE_S to come back first)."""
 
 from __future__ import annotations
 

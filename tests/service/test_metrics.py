@@ -34,6 +34,20 @@ def scrape(stack: Stack) -> list[Sample]:
     return [sample for family in text_string_to_metric_families(response.text) for sample in family.samples]
 
 
+def scrape_settled(stack: Stack) -> list[Sample]:
+    """A scrape once every worker has published since now, so it counts every request that has already finished
+    (workers publish with each lease renewal, every WORKER_LEASE_S / 3, not as requests end)."""
+    since = time.time()
+
+    def has_published() -> bool:
+        ready = requests.get(f"{stack.base_url}/health/ready", timeout=10).json()
+        workers = [worker for model in ready["models"].values() for worker in model["workers"]]
+        return bool(workers) and all(time.time() - worker["heartbeat_age_s"] > since for worker in workers)
+
+    wait_for(has_published, 2 * stack.config.worker_lease_s, "every worker published")
+    return scrape(stack)
+
+
 def total(samples: list[Sample], name: str) -> float:
     return sum(sample.value for sample in samples if sample.name == name)
 
@@ -69,7 +83,7 @@ def _usage(response: requests.Response) -> dict:
 
 
 def test_counters_move_as_requests_run(stack: Stack) -> None:
-    before = scrape(stack)
+    before = scrape_settled(stack)
     usages = run_requests(stack)
     prompt = sum(usage["prompt_tokens"] for usage in usages)
     generated = sum(usage["completion_tokens"] for usage in usages)
@@ -98,7 +112,7 @@ def test_counters_move_as_requests_run(stack: Stack) -> None:
 
 def test_steered_and_monitored_rows_are_counted(served: Stack, steering_demo: dict) -> None:  # noqa: F811
     names = ("steerbatch:steered_rows_total", "steerbatch:monitored_rows_total")
-    before = scrape(served)
+    before = scrape_settled(served)
     feature = steering_demo["features"][0]
     steering = {"sae_id": SAE_ID, "features": [{"index": feature["index"], "strength": feature["strength"]}]}
     body = {"model": served.config.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -49,10 +49,10 @@ def post(stack: Stack, body: dict, headers: dict[str, str] | None = None) -> req
 
 
 @pytest.mark.parametrize(("body", "param"), BAD_BODIES)
-def test_bad_input_is_a_400_naming_the_field(stack: Stack, body: dict, param: str) -> None:
+def test_bad_input_is_refused_naming_the_field(stack: Stack, body: dict, param: str) -> None:
     reply = post(stack, body)
     error = reply.json()["error"]
-    expected = 404 if param in ("model", "previous_response_id") else 400  # model_not_found, as OpenAI and vLLM
+    expected = 404 if param in ("previous_response_id", "model") else 400  # not found, as OpenAI answers
     assert (reply.status_code, error["param"]) == (expected, param), error
     assert error["type"] == "invalid_request_error" and error["message"]
 

@@ -1,8 +1,10 @@
-"""The request reaper on a real Redis and SQLite: dead workers' requests fail without anyone watching them, and on a
-Redis without persistence a request queued before the server started fails as lost while a newer one waits."""
+"""The request reaper on a real Redis and SQLite: dead workers' requests fail without anyone watching them, on a
+Redis without persistence a request queued before the server started fails as lost while a newer one waits, and a
+request whose stream nobody resumed within the grace is cancelled."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,10 +15,13 @@ import redis
 
 from tasks.config import Config
 from tasks.db import SessionFactory, make_db_engine, make_session_factory, upgrade_to_head
+from tasks.finish import finish_request
+from tasks.messages import FinishReason
 from tasks.models import RequestRecord, RequestStatus
-from tasks.request_reaper import RedisServerState, RequestReaper
+from tasks.request_reaper import MIN_INTERVAL_S, RedisServerState, RequestReaper, reaper_interval_s
 from tasks.store import claim_request, create_request, get_request
-from tasks.streams import renew_worker_lease
+from tasks.stream_attachments import attach
+from tasks.streams import is_cancel_requested, renew_worker_lease
 
 
 @pytest.fixture
@@ -73,3 +78,35 @@ def test_queued_before_a_non_persistent_server_started_is_lost_and_newer_waits(
     RequestReaper(sessions, client, config).reap_once()
     assert status_and_code(sessions, "before") == ("failed", "queue_lost")
     assert status_and_code(sessions, "after") == ("queued", None)
+
+
+def test_requests_whose_stream_nobody_resumed_are_cancelled_and_finished_ones_left_alone(
+    reaper_parts: tuple[SessionFactory, redis.Redis, Config],
+) -> None:
+    sessions, client, config = reaper_parts
+    config = dataclasses.replace(config, worker_lease_s=30, sse_heartbeat_s=0.1, stream_resume_grace_s=0.3)
+    renew_worker_lease(client, config, "live")
+    now = int(time.time())
+    for request_id, worker in (("running", "live"), ("queued", None), ("done", "live"), ("read", "live")):
+        add_request(sessions, request_id, now, worker=worker)
+    with sessions() as session:
+        finish_request(session, client, config, "done", text="hi", completion_tokens=1, finish_reason=FinishReason.STOP)
+    for request_id in ("running", "queued", "done"):
+        attach(client, config, request_id).detach()
+    reader = attach(client, config, "read")
+    reaper = RequestReaper(sessions, client, config)
+    reaper.reap_once()
+    assert not any(is_cancel_requested(client, config, request_id) for request_id in ("running", "queued", "done"))
+    time.sleep(0.35)
+    reader.renew_if_due()
+    reaper.reap_once()
+    assert is_cancel_requested(client, config, "running")  # its worker's cancel watcher aborts it
+    assert status_and_code(sessions, "queued") == ("cancelled", None)
+    assert status_and_code(sessions, "done") == ("completed", None) and not is_cancel_requested(client, config, "done")
+    assert status_and_code(sessions, "read") == ("running", None) and not is_cancel_requested(client, config, "read")
+
+
+def test_the_reaper_runs_often_enough_for_the_resume_grace() -> None:
+    assert reaper_interval_s(Config(worker_lease_s=15, stream_resume_grace_s=30)) == 7.5
+    assert reaper_interval_s(Config(worker_lease_s=15, stream_resume_grace_s=2)) == 1.0
+    assert reaper_interval_s(Config(worker_lease_s=15, stream_resume_grace_s=0)) == MIN_INTERVAL_S

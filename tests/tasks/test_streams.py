@@ -1,7 +1,9 @@
-"""Stream helpers on a real Redis: ordered entries, resume by id, bounded length, expiry, heartbeats."""
+"""Stream helpers on a real Redis: ordered entries, resume by id (from any frame of the relay), bounded length,
+expiry, heartbeats."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from functools import partial
 
@@ -92,4 +94,38 @@ def test_relay_sends_heartbeats_while_idle_then_the_events(redis_url: str) -> No
     )
     rest = list(frames)
     assert '"text": "hi"' in rest[0] and rest[-1].endswith("data: [DONE]\n\n")
+    client.delete(key)
+
+
+def parse_frame(frame: str) -> tuple[str | None, str | None, str | None]:
+    """(retry, id, data) of one SSE block; all None for a comment."""
+    fields = dict(line.split(": ", 1) for line in frame.strip("\n").split("\n") if not line.startswith(":"))
+    return fields.get("retry"), fields.get("id"), fields.get("data")
+
+
+def test_every_frame_has_an_id_to_resume_from_that_loses_and_repeats_nothing(redis_url: str) -> None:
+    config = make_config(redis_url)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    meta = StreamMeta("chatcmpl-x", Endpoint.CHAT, "tiny", 1700000000, include_usage=True)
+    events = [StreamEvent(EventType.START), StreamEvent(EventType.DELTA, text="a"),
+              StreamEvent(EventType.DELTA, text="b"),
+              StreamEvent(EventType.FINAL, finish_reason=FinishReason.LENGTH, usage=Usage(3, 2))]  # fmt: skip
+    for event in events:
+        append_event(client, config, "r", event)
+    key = RedisKeys(config.redis_prefix).request_stream("r")
+
+    def relay(after_id: str) -> list[tuple[str | None, str | None, str | None]]:
+        frames = relay_frames(partial(read_json, client), key, meta, after_id, heartbeat_s=5, timeout_s=30)
+        return [parsed for parsed in map(parse_frame, frames) if parsed[2] is not None]
+
+    original = relay(STREAM_START)
+    assert [data for _, _, data in original][-1] == "[DONE]" and len(original) == 6  # role, a, b, finish, usage, done
+    assert original[0][0] == "1000" and all(retry is None for retry, _, _ in original[1:])
+    assert all(event_id for _, event_id, _ in original), "every frame carries an id"
+    for index, (_, event_id, _) in enumerate(original[:-1]):
+        assert [data for _, _, data in relay(event_id)] == [data for _, _, data in original[index + 1 :]], event_id
+    started = time.monotonic()
+    done_id = original[-1][1]
+    assert relay(done_id) == [("1000", done_id, "[DONE]")]  # after the final entry, [DONE] at once
+    assert time.monotonic() - started < 2
     client.delete(key)
