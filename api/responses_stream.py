@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from tasks.streams import STREAM_START, DeadlinePassed, RedisKeys, follow_events
 
 logger = logging.getLogger(__name__)
 FROM_START = -1  # no event sent yet
+SEQUENCE_NUMBER = re.compile(r"[0-9]{1,18}")
 TIMED_OUT = ErrorInfo("The response timed out.", "timeout", None, "timeout")
 INTERRUPTED = ErrorInfo(
     "The event stream was interrupted; resume with starting_after.", "service_unavailable", None, "service_unavailable"
@@ -32,13 +34,15 @@ INTERRUPTED = ErrorInfo(
 
 
 def starting_after() -> int:
-    """Where a resuming client left off: ?starting_after=N, or an EventSource's Last-Event-ID."""
-    value = request.args.get("starting_after") or request.headers.get("Last-Event-ID")
-    if value is None:
-        return FROM_START
-    if not value.isdigit() or len(value) > 18:
-        raise APIError(400, "starting_after must be a sequence number (an integer >= 0).", param="starting_after")
-    return int(value)
+    """Where a resuming client left off: ?starting_after=N, or else an EventSource's Last-Event-ID; each is checked
+    when given, even where it is not used (an empty one is not given)."""
+    header = request.headers.get("Last-Event-ID")
+    given = {"starting_after": request.args.get("starting_after"), "Last-Event-ID": header}
+    for name, value in given.items():
+        if value and not SEQUENCE_NUMBER.fullmatch(value):  # not str.isdigit: "²" is a digit to it, not to int()
+            raise APIError(400, f"{name} must be a sequence number (an integer >= 0).", param=name)
+    value = given["starting_after"] or given["Last-Event-ID"] or None
+    return FROM_START if value is None else int(value)
 
 
 def event_frame(event: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from api.errors import APIError
 from api.file_expiry import ExpiresAfter, checked_expiry_s
 from api.generation import json_body
 from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
-from api.pages import cursor_page
+from api.pages import cursor_page, page_limit
 from api.schemas import StrictModel
 from api.services import db_session, services
 from api.sse import last_event_id, sse_response
@@ -121,7 +121,7 @@ def retrieve_batch(batch_id: str) -> Response:
 
 @bp.get("/v1/batches")
 def list_batches() -> Response:
-    limit = _list_limit(request.args.get("limit", str(DEFAULT_LIST_LIMIT)))
+    limit = page_limit(DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
     tenant = current_principal().tenant
     query = select(BatchRecord).where(BatchRecord.tenant == tenant).order_by(BatchRecord.id.desc()).limit(limit + 1)
     after = request.args.get("after")
@@ -131,14 +131,6 @@ def list_batches() -> Response:
     batches = list(session.scalars(query))
     data = [batch_object(session, batch) for batch in batches[:limit]]
     return jsonify(cursor_page(data, has_more=len(batches) > limit))
-
-
-def _list_limit(raw: str) -> int:
-    """`?limit=` as an integer in range; anything else is a 400 (Flask's `type=int` would quietly use the default)."""
-    limit = int(raw) if raw.isascii() and raw.isdigit() else 0
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise APIError(400, f"limit must be an integer in [1, {MAX_LIST_LIMIT}]", param="limit")
-    return limit
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")

@@ -14,7 +14,7 @@ from api.errors import APIError
 from api.file_expiry import checked_expiry_s, form_expires_after
 from api.file_objects import file_object
 from api.idempotency import check_replay, commit_once, idempotency_key, request_hash
-from api.pages import cursor_page
+from api.pages import cursor_page, page_limit
 from api.services import db_session, services
 from tasks.batch_models import FileRecord
 from tasks.batch_store import new_sortable_id
@@ -97,9 +97,7 @@ def find_file(file_id: str) -> FileRecord:
 def list_files() -> Response:
     """The caller's files as OpenAI pages them: newest first (`order=desc`) or oldest, `limit` after the file `after`,
     of one `purpose` if given."""
-    limit = request.args.get("limit", MAX_LIST_LIMIT, type=int)
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise APIError(400, f"limit must lie in [1, {MAX_LIST_LIMIT}]", param="limit")
+    limit = page_limit(MAX_LIST_LIMIT, MAX_LIST_LIMIT)
     order = request.args.get("order", "desc")
     if order not in LIST_ORDERS:
         raise APIError(400, f"order must be one of {list(LIST_ORDERS)}", param="order")

@@ -83,9 +83,9 @@ def _generate_request(info: ModelInfo, create_request: ResponseCreateRequest, it
 @bp.get("/v1/responses/<response_id>")
 def retrieve(response_id: str) -> Response:
     record = _find(response_id)
+    after = starting_after()  # checked even without stream: a malformed parameter is refused, not ignored
     if not _is_stream_requested():
         return jsonify(_object(record))
-    after = starting_after()
     if record.request.is_finished and not services().redis.exists(_stream_key(record)):
         raise APIError(410, "The event stream has expired; GET the response for its output.", code="stream_expired")
     return _stream(record, after)

@@ -57,12 +57,26 @@ class ChatLogprobs(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """The legacy completions shape."""
+    """The legacy completions shape; an echoed prompt's first token has no logprob (null) and no top_logprobs."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int] = Field(description="where each token starts in the choice's text")
+
+
+class PromptTokenLogprob(BaseModel):
+    logprob: float
+    rank: int = Field(description="1: the most likely token")
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
+PROMPT_LOGPROBS = Field(
+    None,
+    description="vLLM's, when asked for: per prompt token (null for the first), by token id, the prompt's token and "
+    "the most likely ones",
+)
 
 
 class FunctionCall(BaseModel):
@@ -94,6 +108,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None
+    prompt_logprobs: PromptLogprobs | None = PROMPT_LOGPROBS
 
 
 class SteeringFeatureReport(BaseModel):
@@ -152,6 +167,8 @@ class _CompletionEnvelope(BaseModel):
 class ChatCompletion(_CompletionEnvelope):
     object: Literal["chat.completion"]
     choices: list[ChatChoice]
+    service_tier: Literal["default"] = Field(description="every request is served alike, whatever tier it asked for")
+    prompt_logprobs: PromptLogprobs | None = PROMPT_LOGPROBS
 
 
 class TextCompletion(_CompletionEnvelope):
@@ -193,6 +210,8 @@ class ChatCompletionChunk(_ChunkEnvelope):
 
     object: Literal["chat.completion.chunk"]
     choices: list[ChatChunkChoice]
+    service_tier: Literal["default"]
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="on the first chunk, when asked for")
 
 
 class TextCompletionChunk(_ChunkEnvelope):
@@ -211,5 +230,6 @@ class RequestObject(BaseModel):
     model: str
     status: Literal["queued", "running", "completed", "failed", "cancelled"]
     created: int
+    metadata: dict[str, str] | None = Field(description="as the request gave it")
     response: ChatCompletion | TextCompletion | None
     error: ErrorBody | None

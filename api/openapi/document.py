@@ -23,9 +23,9 @@ DOCUMENTED_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")  # Flask's automa
 SECURITY_SCHEME = "bearerAuth"
 _PATH_ARGUMENT = re.compile(r"<(?:[^:<>]+:)?([^:<>]+)>")  # "<path:model_id>" -> "model_id"
 DESCRIPTION = (
-    "OpenAI-compatible chat, completions, files and batches, with per-request SAE steering and monitoring. "
-    "Every route but /health, /openapi.json and /docs needs `Authorization: Bearer <key>`. Errors are in "
-    'OpenAI\'s shape: `{"error": {"message", "type", "param", "code"}}`.'
+    "OpenAI-compatible chat, completions, responses, files and batches, with per-request SAE steering and "
+    "monitoring. Every route but /health, /health/ready, /openapi.json and /docs needs `Authorization: Bearer <key>` "
+    '(/metrics an admin key). Errors are in OpenAI\'s shape: `{"error": {"message", "type", "param", "code"}}`.'
 )
 Refs = dict[tuple[type[BaseModel], JsonSchemaMode], dict[str, str]]
 
@@ -125,34 +125,34 @@ def _responses(operation: Operation, refs: Refs, *, is_public: bool) -> dict[str
     if operation.response is not None:
         content["application/json"] = {"schema": refs[operation.response, "serialization"]}
     if operation.stream:
-        content["text/event-stream"] = _event_stream(operation.stream, refs)
+        content["text/event-stream"] = _event_stream(operation.stream, refs, operation.is_done_terminated)
     if operation.content_type is not None:
         content[operation.content_type] = {"schema": {"type": "string", "format": "binary"}}
     responses: dict[str, Any] = {"200": {"description": "OK", "content": content}}
     error_schema = refs[ErrorResponse, "serialization"]
     for code in operation.error_codes(is_public=is_public):
-        response = {"description": ERROR_DESCRIPTIONS[code], "content": {"application/json": {"schema": error_schema}}}
+        schema = error_schema
+        if code == 503 and operation.unavailable is not None:
+            schema = {"anyOf": [refs[operation.unavailable, "serialization"], error_schema]}
+        response = {"description": ERROR_DESCRIPTIONS[code], "content": {"application/json": {"schema": schema}}}
         if code in RETRY_AFTER_CODES:
             response["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
         responses[str(code)] = response
     return responses
 
 
-def _event_stream(models: tuple[type[BaseModel], ...], refs: Refs) -> dict[str, Any]:
+def _event_stream(models: tuple[type[BaseModel], ...], refs: Refs, is_done_terminated: bool) -> dict[str, Any]:
     """Server-Sent Events, `schema` describing one event as Open API 3.2's `itemSchema` does (and schemathesis reads a
-    3.1 document's): its `data` is a JSON object of one of `models`, or the closing `[DONE]`."""
+    3.1 document's): its `data` is a JSON object of one of `models`, or (`is_done_terminated`) the closing `[DONE]`."""
     payload = {"anyOf": [refs[model, "serialization"] for model in models]}
     names = ", ".join(model.__name__ for model in models)
-    data = {
-        "anyOf": [
-            {"const": "[DONE]"},
-            {"type": "string", "contentMediaType": "application/json", "contentSchema": payload},
-        ]
-    }
+    json_data = {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}
+    data = {"anyOf": [{"const": "[DONE]"}, json_data]} if is_done_terminated else json_data
+    ending = "the last is `[DONE]`" if is_done_terminated else "`event` is its `type`"
     event = {
         "type": "object",
-        "description": f"One event: `data` is a JSON {names}, and the last is `[DONE]`; `id` resumes the stream "
-        "after this event as Last-Event-ID.",
+        "description": f"One event: `data` is a JSON {names}, and {ending}; `id` resumes the stream after this "
+        "event as Last-Event-ID.",
         "properties": {
             "data": data,
             "id": {"type": "string"},

@@ -35,8 +35,10 @@ RETRY_AFTER_CODES = (429, 503)
 class Operation:
     """One route's contract. `body`: a JSON request body; `form`: a multipart one; `response`: the 200 JSON body;
     `stream`: the 200 text/event-stream's data events (with `response`, the body's `stream` field picks);
-    `content_type`: a 200 of another media type; `example`: a request body for the served model's name; `links`: OpenAPI
-    links to the routes that take the created object's id (a fuzzer follows them: create, then read, then delete)."""
+    `is_done_terminated`: the stream ends with `data: [DONE]` (the Responses API's ends with its terminal event);
+    `content_type`: a 200 of another media type; `unavailable`: the route's own 503 body, besides the error one;
+    `example`: a request body for the served model's name; `links`: OpenAPI links to the routes that take the
+    created object's id (a fuzzer follows them: create, then read, then delete)."""
 
     summary: str
     tag: str
@@ -44,7 +46,9 @@ class Operation:
     body: type[BaseModel] | None = None
     form: type[BaseModel] | None = None
     stream: tuple[type[BaseModel], ...] = ()
+    is_done_terminated: bool = True
     content_type: str | None = None
+    unavailable: type[BaseModel] | None = None
     parameters: tuple[dict[str, Any], ...] = ()
     errors: tuple[int, ...] = ()
     example: Callable[[str], dict[str, Any]] | None = None
@@ -56,7 +60,7 @@ class Operation:
 
     @property
     def response_models(self) -> list[type[BaseModel]]:
-        return [model for model in (self.response, *self.stream) if model is not None]
+        return [model for model in (self.response, *self.stream, self.unavailable) if model is not None]
 
     def error_codes(self, *, is_public: bool) -> list[int]:
         """`is_public`: served without a key (api/auth.py's OPEN_ENDPOINTS), so never a 401."""

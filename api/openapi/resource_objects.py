@@ -27,10 +27,18 @@ class FileObject(BaseModel):
     bytes: int
     created_at: int
     filename: str
-    purpose: Literal["batch"]
+    purpose: Literal["batch", "batch_output"] = Field(description="batch_output: a batch's output or error file")
     status: Literal["processed"]
     status_details: None
-    expires_at: None
+    expires_at: int | None = Field(description="when it expires (expires_after, a batch's output_expires_after)")
+
+
+class FileList(BaseModel):
+    object: Literal["list"]
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
 
 
 class FileDeleted(BaseModel):
@@ -164,11 +172,6 @@ class Monitor(BaseModel):
     object: Literal["monitor"]
     settings: MonitorSettings | None
     workers: list[WorkerMonitorStats]
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-    model: str
 
 
 class BatchEvent(BaseModel):

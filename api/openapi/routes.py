@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from api.blueprints import files
 from api.blueprints.batches import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, BatchCreate
+from api.blueprints.tokenize import Detokenize
 from api.idempotency import MAX_KEY_LENGTH
 from api.openapi import completion_objects as gen
 from api.openapi import resource_objects as res
+from api.openapi import responses_api_objects as resp
+from api.openapi import server_objects as srv
 from api.openapi.operation import Operation, header, query
+from api.responses_schemas import ResponseCreateRequest
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.steering_schemas import SteeringBody, WorkerMonitorBody
 
@@ -28,10 +35,35 @@ PROFILE_SCOPE = query(
     {"type": "string", "enum": ["tenant", "worker"]},
     "Whose profile: the caller's tenant's own, or the worker-wide one (the default for an admin key)",
 )
-GENERATION_ERRORS = (413, 429, 504)
+SEQUENCE_NUMBER = {"type": "string", "pattern": r"^[0-9]{0,18}$"}  # empty: from the start
+RESPONSE_STREAM = (
+    query(
+        "stream",
+        {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$", "default": "false"},
+        "true: the response's typed events (from its start, or after starting_after) instead of the object",
+    ),
+    query("starting_after", SEQUENCE_NUMBER, "With stream: resume after this event's sequence_number"),
+    header("Last-Event-ID", SEQUENCE_NUMBER, "As starting_after, for an EventSource; read only without it"),
+)
+FILE_LIST = (
+    query(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": files.MAX_LIST_LIMIT, "default": files.MAX_LIST_LIMIT},
+        "Page size",
+    ),
+    query(
+        "order",
+        {"type": "string", "enum": list(files.LIST_ORDERS), "default": "desc"},
+        "By creation time: desc, newest first, or asc",
+    ),
+    query("after", {"type": "string"}, "A file id: list the files after it in this order"),
+    query("purpose", {"type": "string"}, "Only files of this purpose (batch, batch_output)"),
+)
+GENERATION_ERRORS = (404, 413, 429, 504)  # 404: no such served model
 REQUEST_LINKS = ("requests.retrieve_request", "requests.request_events", "requests.cancel_request")
 FILE_LINKS = ("files.retrieve_file", "files.file_content", "files.delete_file")
 BATCH_LINKS = ("batches.retrieve_batch", "batches.cancel_batch", "batches.batch_events")
+RESPONSE_LINKS = ("responses.retrieve", "responses.cancel", "responses.delete")
 
 
 def chat_example(model: str) -> dict[str, Any]:
@@ -40,6 +72,14 @@ def chat_example(model: str) -> dict[str, Any]:
 
 def completion_example(model: str) -> dict[str, Any]:
     return {"model": model, "prompt": "Once upon a time", "max_tokens": 8}
+
+
+def response_example(model: str) -> dict[str, Any]:
+    return {"model": model, "input": "Say hello.", "max_output_tokens": 8}
+
+
+def tokenize_example(model: str) -> dict[str, Any]:
+    return {"model": model, "prompt": "Once upon a time", "return_token_strs": True}
 
 
 def batch_example(model: str) -> dict[str, Any]:
@@ -57,6 +97,20 @@ OPERATIONS: dict[str, Operation] = {
         stream=(gen.TextCompletionChunk, gen.ErrorResponse), errors=GENERATION_ERRORS, example=completion_example,
         links=REQUEST_LINKS,
     ),
+    "responses.create": Operation(
+        "Create a response", "responses", resp.ResponseObject, ResponseCreateRequest, stream=resp.RESPONSE_EVENTS,
+        is_done_terminated=False, errors=GENERATION_ERRORS, example=response_example, links=RESPONSE_LINKS,
+    ),
+    "responses.retrieve": Operation(
+        "Retrieve a response, or replay and follow its events", "responses", resp.ResponseObject,
+        stream=resp.RESPONSE_EVENTS, is_done_terminated=False, parameters=RESPONSE_STREAM, errors=(404, 410),
+    ),
+    "responses.cancel": Operation("Cancel a background response", "responses", resp.ResponseObject, errors=(404,)),
+    "responses.delete": Operation("Delete a response", "responses", resp.ResponseDeleted, errors=(404,)),
+    "tokenize.tokenize": Operation("Tokenize a prompt or chat messages (vLLM's)", "tokenize", srv.Tokenized,
+                                   srv.TokenizeRequest, errors=(404, 413), example=tokenize_example),
+    "tokenize.detokenize": Operation("Detokenize token ids (vLLM's)", "tokenize", srv.Detokenized, Detokenize,
+                                     errors=(404, 413)),
     "models.list_models": Operation("List the served model", "models", res.ModelList),
     "models.retrieve_model": Operation("Retrieve a model", "models", res.Model, errors=(404,)),
     "requests.retrieve_request": Operation("Retrieve a request, with its result", "requests", gen.RequestObject,
@@ -69,6 +123,8 @@ OPERATIONS: dict[str, Operation] = {
     "requests.cancel_request": Operation("Cancel a request", "requests", gen.RequestObject, errors=(404,)),
     "files.create_file": Operation("Upload a batch input file", "files", res.FileObject, form=res.FileUpload,
                                    parameters=(IDEMPOTENCY_KEY,), errors=(409, 413), links=FILE_LINKS),
+    "files.list_files": Operation("List files, newest first by default", "files", res.FileList, parameters=FILE_LIST,
+                                  errors=(404,)),
     "files.retrieve_file": Operation("Retrieve a file", "files", res.FileObject, errors=(404,)),
     "files.file_content": Operation("Retrieve a file's content", "files", content_type="application/octet-stream",
                                     errors=(404,)),
@@ -100,5 +156,10 @@ OPERATIONS: dict[str, Operation] = {
                                       WorkerMonitorBody, errors=(403, 413)),
     "steering.delete_monitor": Operation("Stop the worker-wide monitor (admin)", "steering", res.Monitor,
                                          errors=(403,)),
-    "health.health": Operation("Liveness of Redis and the database", "health", res.Health),
+    "health.health": Operation("Liveness of Redis and the database", "health", srv.Health),
+    "health.ready": Operation("Readiness: a live worker for every served model", "health", srv.Readiness,
+                              unavailable=srv.NotReady),
+    "metrics.metrics": Operation("Prometheus metrics of the api and every live worker (admin)", "health",
+                                 content_type=CONTENT_TYPE_LATEST, errors=(403,)),
+    "version.server_version": Operation("The server's version", "health", srv.Version),
 }  # fmt: skip

@@ -14,6 +14,7 @@ import pytest
 import redis
 from flask import Flask
 from flask.testing import FlaskClient
+from prometheus_client import CONTENT_TYPE_LATEST
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
 from api.app import create_app
@@ -27,6 +28,7 @@ from tests.conftest import make_test_config
 # Flask's static files (none are shipped), the document itself and its Swagger UI page and assets.
 UNDOCUMENTED_ENDPOINTS = {"static", "openapi.document", "swagger_ui.show"}
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
+PUBLIC_PATHS = ("/health", "/health/ready")  # the probes; the document and /docs are not in it
 
 
 @pytest.fixture
@@ -97,8 +99,10 @@ def test_every_error_is_openai_shaped_and_every_route_but_health_needs_a_key(doc
             assert {200, 400, 500, 503} <= codes, (method, path)
             for code, response in operation["responses"].items():
                 if int(code) >= 400:
-                    assert response["content"] == {"application/json": {"schema": ERROR_REF}}, (method, path, code)
-            is_public = path == "/health"
+                    schema = response["content"]["application/json"]["schema"]
+                    assert set(response["content"]) == {"application/json"}, (method, path, code)
+                    assert ERROR_REF in (schema, *schema.get("anyOf", ())), (method, path, code)
+            is_public = path in PUBLIC_PATHS
             assert operation.get("security") == ([] if is_public else None), (method, path)
             assert (401 in codes) is not is_public, (method, path)
             for name in re.findall(r"{(\w+)}", path):
@@ -132,3 +136,20 @@ def test_contract_is_served_without_a_key_and_docs_load_only_local_assets(client
             assert client.get(asset).status_code == 200, asset
     assert '"url": "/openapi.json"' in client.get("/docs").get_data(as_text=True)
     assert client.get("/docs/no-such-asset.js").get_json()["error"]["code"] == "not_found"
+
+
+def test_a_routes_own_unavailable_body_and_typed_event_streams(document: dict[str, Any]) -> None:
+    """/health/ready's 503 is its own body (with OpenAI's error in it) or the common error; the Responses API's stream
+    is typed events that end with the terminal event, chat's stream chunks that end with [DONE]."""
+    paths = document["paths"]
+    not_ready = paths["/health/ready"]["get"]["responses"]["503"]["content"]["application/json"]["schema"]
+    assert not_ready == {"anyOf": [{"$ref": "#/components/schemas/NotReady"}, ERROR_REF]}
+    assert "error" in document["components"]["schemas"]["NotReady"]["required"]
+    responses_data = paths["/v1/responses"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    typed = responses_data["properties"]["data"]
+    assert typed["contentMediaType"] == "application/json"  # never the closing [DONE]
+    assert {"$ref": "#/components/schemas/ResponseLifecycleEvent"} in typed["contentSchema"]["anyOf"]
+    chat_data = paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert {"const": "[DONE]"} in chat_data["properties"]["data"]["anyOf"]
+    metrics = paths["/metrics"]["get"]["responses"]
+    assert set(metrics["200"]["content"]) == {CONTENT_TYPE_LATEST} and "403" in metrics

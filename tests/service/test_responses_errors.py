@@ -68,9 +68,17 @@ def test_harmless_fields_are_accepted(stack: Stack) -> None:
 def test_bad_retrieval_arguments(stack: Stack) -> None:
     response_id = post(stack, {}).json()["id"]
     base = f"{stack.base_url}/v1/responses/{response_id}"
-    for query, param in (("stream=maybe", "stream"), ("stream=true&starting_after=-1", "starting_after")):
+    bad_queries = (
+        ("stream=maybe", "stream"),
+        ("stream=true&starting_after=-1", "starting_after"),
+        ("stream=true&starting_after=%C2%B2", "starting_after"),  # "²": a digit to str.isdigit, not to int()
+        ("starting_after=x", "starting_after"),  # refused even where it would not be used
+    )
+    for query, param in bad_queries:
         reply = requests.get(f"{base}?{query}", headers=auth(stack), timeout=30)
         assert (reply.status_code, reply.json()["error"]["param"]) == (400, param)
+    header = requests.get(base, headers={**auth(stack), "Last-Event-ID": "x"}, timeout=30)
+    assert (header.status_code, header.json()["error"]["param"]) == (400, "Last-Event-ID")
     cancel = requests.post(f"{base}/cancel", headers=auth(stack), timeout=30)  # not a background response
     assert (cancel.status_code, cancel.json()["error"]["param"]) == (400, "response_id")
     missing = requests.get(f"{stack.base_url}/v1/responses/resp_missing", headers=auth(stack), timeout=30)
