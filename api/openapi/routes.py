@@ -28,7 +28,7 @@ IDEMPOTENCY_KEY = header(
 EVENT_ID = {"type": "string", "pattern": r"^(\d+-\d+)?$"}  # empty: from the start
 LAST_EVENT_ID = (
     header("Last-Event-ID", EVENT_ID, "Resume after this stream entry id (e.g. 1700000000000-0)"),
-    query("last_event_id", EVENT_ID, "As Last-Event-ID, for clients like curl; read only when that header is absent"),
+    query("last_event_id", EVENT_ID, "As Last-Event-ID, for curl; checked whenever given, the header wins"),
 )
 PROFILE_SCOPE = query(
     "scope",
