@@ -55,7 +55,9 @@ def check_against_hf(prompt_logprobs: tuple, reference: PreTrainedModel, prompt:
         token_id = prompt[position + 1]
         assert entry.token_id == token_id
         assert entry.logprob == pytest.approx(row[token_id].item(), abs=TOLERANCE)
-        assert entry.rank == int((row > row[token_id]).sum()) + 1
+        # tokens within TOLERANCE of the prompt token's logprob may order either way in another summation order
+        logprob = row[token_id]
+        assert int((row > logprob + TOLERANCE).sum()) + 1 <= entry.rank <= int((row > logprob - TOLERANCE).sum()) + 1
         top_values, top_ids = row.topk(NUM_TOP)
         assert [token for token, _ in entry.top] == top_ids.tolist()
         assert [value for _, value in entry.top] == pytest.approx(top_values.tolist(), abs=TOLERANCE)
