@@ -38,7 +38,8 @@ def submit(client: FlaskClient, lines: list[str]) -> dict:
     file_id = client.post("/v1/files", data=data, content_type="multipart/form-data").get_json()["id"]
     body = {"input_file_id": file_id, "endpoint": CHAT_URL, "completion_window": "24h"}
     reply = client.post("/v1/batches", json=body)
-    assert reply.status_code == 200 and reply.get_json()["status"] == "validating", reply.get_json()
+    # validation runs in the background: a two-line file may already be through it when the answer is written
+    assert reply.status_code == 200 and reply.get_json()["status"] in ("validating", "in_progress"), reply.get_json()
     return reply.get_json()
 
 
