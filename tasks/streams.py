@@ -231,10 +231,7 @@ def live_workers(client: redis.Redis, config: Config) -> list[LiveWorker]:
     """Every worker alive now, with the model it serves, in two calls."""
     keys = RedisKeys(config.redis_prefix)
     now = time.time()
-    leases = [
-        (_text(name), ends_at)
-        for name, ends_at in client.zrangebyscore(keys.live_workers(), now, "+inf", withscores=True)
-    ]
+    leases = live_worker_leases(client, config, now)
     if not leases:
         return []
     models = client.mget([keys.worker_lease(name) for name, _ in leases])
@@ -243,6 +240,13 @@ def live_workers(client: redis.Redis, config: Config) -> list[LiveWorker]:
         for (name, ends_at), model in zip(leases, models, strict=True)
         if model is not None  # its lease lapsed between the two calls
     ]
+
+
+def live_worker_leases(client: redis.Redis, config: Config, now: float | None = None) -> list[tuple[str, float]]:
+    """(worker, when its lease ends) of every worker alive at `now` (default: this moment), in one call."""
+    since = time.time() if now is None else now
+    registry = RedisKeys(config.redis_prefix).live_workers()
+    return [(_text(name), ends_at) for name, ends_at in client.zrangebyscore(registry, since, "+inf", withscores=True)]
 
 
 def _text(value: str | bytes) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from tasks.config import Config
-from tasks.streams import RedisKeys
+from tasks.streams import live_worker_leases
 
 METRIC_PREFIX = "steerbatch:"  # vLLM's metric names with ours instead of "vllm:", so its dashboards translate
 INTERACTIVE = "interactive"  # the kinds of queue a model has: chat and completions, and batch lines
@@ -94,13 +94,8 @@ def publish_worker_stats(client: redis.Redis, config: Config, stats: WorkerStats
 
 def read_live_worker_stats(client: redis.Redis, config: Config) -> list[WorkerStats]:
     """Every worker whose lease runs, by name, in two round trips; one that has not published yet is left out."""
-    members = client.zrangebyscore(RedisKeys(config.redis_prefix).live_workers(), time.time(), "+inf")
-    workers = sorted(_text(member) for member in members)
+    workers = sorted(name for name, _ in live_worker_leases(client, config))
     if not workers:
         return []
     raws = client.mget([worker_stats_key(config, worker) for worker in workers])
     return [WorkerStats.from_dict(json.loads(raw)) for raw in raws if raw is not None]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

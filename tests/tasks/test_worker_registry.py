@@ -48,4 +48,4 @@ def test_published_stats_name_the_workers_model(redis_url: str) -> None:
     stats = WorkerStats("w1@a", config.model_name, time.time(), 2, {"interactive": 0, "bulk": 1}, 0.25, {}, [])
     publish_worker_stats(client, config, stats)
     assert read_live_worker_stats(client, config) == [stats]
-    assert stats.model == "tiny-draft"
+    assert [worker.model for worker in live_workers(client, config)] == ["tiny-draft"]  # the lease names it too
