@@ -37,7 +37,8 @@ class Config:
     worker_concurrency: int = 32
     worker_lease_s: float = 15.0  # a worker silent this long is dead: its running requests fail
     # The launcher starts workers this much nicer than itself (`nice -n`), so that where they share CPU cores with the
-    # api, the api's greenlets run first and /health and new requests stay quick while the engine runs flat out.
+    # api the kernel prefers the api; during a burst of admissions it made no difference the measurements could show
+    # (docs/RELIABILITY.md): there the api waits on its own admissions, not on the worker.
     worker_nice: int = 10
     max_num_seqs: int = 32  # requests the engine runs at once
     max_num_batched_tokens: int = 2048  # tokens per forward pass: the step's budget, decodes and prefill chunks
