@@ -88,7 +88,8 @@ def build_tool_chat(rng: random.Random) -> ToolChat:
     question, calls, _ = rng.choice(CALLERS)(rng)
     needed = {name for name, _ in calls}
     others = [name for name in sorted(TOOLS) if name not in needed]
-    offered = sorted(needed | set(rng.sample(others, rng.randint(0, len(others)))), key=lambda _: rng.random())
+    # shuffled from name order: a set's own order follows string hashing, which differs per process
+    offered = sorted(sorted(needed | set(rng.sample(others, rng.randint(0, len(others))))), key=lambda _: rng.random())
     if rng.random() < 0.25:  # no offered tool fits: answer as any chat would
         plain_question, answer = rng.choice(tiny_corpus.ASKERS)(rng)
         return [tool_schema(name) for name in offered], [user(plain_question), assistant(answer)]
