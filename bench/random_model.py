@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 CACHE_ROOT = REPO_ROOT / "var" / "random-models"
 TINY_MODEL = REPO_ROOT / "models" / "tiny"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 DONE_MARKER = ".complete"
 
 
@@ -76,6 +78,7 @@ def random_model_dir(name: str, dtype: torch.dtype, seed: int = 0, root: Path = 
         raise ValueError(f"unknown model size {name!r}; choose from {sorted(SIZES)}")
     out = root / f"{name}-{str(dtype).removeprefix('torch.')}-seed{seed}"
     if (out / DONE_MARKER).exists():
+        _add_tiny_tokenizer(SIZES[name], out)
         return out
     started = time.perf_counter()
     config = model_config(SIZES[name])
@@ -84,6 +87,7 @@ def random_model_dir(name: str, dtype: torch.dtype, seed: int = 0, root: Path = 
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype)
     model.save_pretrained(out)
+    _add_tiny_tokenizer(SIZES[name], out)
     (out / DONE_MARKER).touch()
     logger.info(
         "built random %s (%.1fM parameters, %s) at %s in %.1fs",
@@ -94,3 +98,13 @@ def random_model_dir(name: str, dtype: torch.dtype, seed: int = 0, root: Path = 
         time.perf_counter() - started,
     )
     return out
+
+
+def _add_tiny_tokenizer(size: ModelSize, out: Path) -> None:
+    """A preset on the tiny vocabulary gets the tiny tokenizer beside its weights, so that what needs text as well as
+    token ids (a grammar compiled against the vocabulary, a chat template) loads the folder like any other model."""
+    if size.vocab_size is not None:
+        return
+    for name in TOKENIZER_FILES:
+        if (TINY_MODEL / name).exists() and not (out / name).exists():
+            shutil.copyfile(TINY_MODEL / name, out / name)

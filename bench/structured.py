@@ -2,7 +2,11 @@
 JSON schema, in one process; what constrained rows give up by not speculating; grammar compile times.
 
     .venv/bin/python -m bench.structured --model models/tiny [--num-requests 32] [--repeats 3] [--threads N]
-        [--num-schemas 50] [--out table.md]
+        [--num-schemas 50] [--out table.md] [--random-config 135m]
+
+`--random-config 135m` runs a random-init model of SmolLM-135M's shape on the tiny tokenizer's vocabulary
+(bench/random_model.py) instead of `--model`: the tiny model's steps are mostly per-operator overhead, so the
+grammar's fixed cost per step weighs more there than at any realistic size.
 
 Throughput: every run submits the same requests at t=0 (greedy) to one ContinuousEngine with prefix caching and
 speculation off. Unconstrained rows ignore EOS; constrained rows follow a schema of a list of at least 24 records,
@@ -35,6 +39,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from bench.engine_throughput import machine_description, special_token_ids
+from bench.random_model import SIZES, random_model_dir
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import Config
 from tasks.grammar_messages import GrammarKind, GrammarSpec
@@ -87,8 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     parser.add_argument("--out", type=Path, help="also write the markdown here")
+    parser.add_argument(
+        "--random-config", choices=sorted(SIZES), help="a random-init model of this size instead of --model"
+    )
     args = parser.parse_args(argv)
     args.dtype = "float32"  # what machine_description reports
+    if args.random_config is not None:
+        args.model = str(random_model_dir(args.random_config, torch.float32))
     return args
 
 
@@ -207,6 +217,10 @@ def compile_table(config: Config, runner: ModelRunner, num_schemas: int) -> str:
     return "\n".join(lines)
 
 
+def model_description(args: argparse.Namespace) -> str:
+    return f"{args.random_config} random-init (bench/random_model.py)" if args.random_config else args.model
+
+
 def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
     torch.set_num_threads(args.threads)
     config = Config(
@@ -245,6 +259,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
         [
             f"Machine: {machine_description(args)}",
             f"Command: `.venv/bin/python -m bench.structured {shlex.join(argv)}`",
+            f"Model: {model_description(args)}",
             f"Workload: {args.num_requests} requests at t=0, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
             f"{args.output_len} output tokens each, seed {args.seed}; constrained rows follow a JSON schema of people "
             f"records (nested objects, enums, arrays, bounded strings); median of {args.repeats} interleaved runs",
