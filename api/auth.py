@@ -94,6 +94,7 @@ def _principal_for(key: str) -> Principal | None:
     if record is None:
         return None
     touch_key(session, record)
+    session.commit()  # ends the lookup's transaction: its pooled connection goes back before the view runs
     return Principal(record.tenant, Scope(record.scope), record.name)
 
 

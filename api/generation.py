@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from flask import Response, jsonify
 
 from api.admission import admit
+from api.admission_gate import release_admission_slot
 from api.auth import current_principal
 from api.client_connection import is_client_gone
 from api.errors import APIError
@@ -133,6 +134,7 @@ def record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Request
             session, generate_request.request_id, text="", completion_tokens=0, finish_reason=None, error=error
         )
         raise
+    release_admission_slot()  # enqueued: what is left (relaying, waiting) costs the api almost nothing
     return record
 
 

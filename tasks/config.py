@@ -82,6 +82,11 @@ class Config:
     # and --max-num-queued-tokens); 0: no cap.
     max_queued_requests: int = 1024
     max_queued_tokens: int = 0
+    # Generation requests one api process admits at once; one that waits ADMISSION_WAIT_S for its turn gets 429
+    # `server_busy` with Retry-After instead, so a burst never holds up /health or a new request for longer than
+    # that (api/admission_gate.py); 0: no bound.
+    admission_slots: int = 16
+    admission_wait_s: float = 0.5
     # Per API key, a fixed one-minute window; tokens are prompt plus max_tokens, as OpenAI counts them; 0: no limit.
     rate_limit_rpm: int = 0
     rate_limit_tpm: int = 0

@@ -1,9 +1,13 @@
 """Admission on a real Redis and SQLite: no live worker is a fast 503, a full queue and a spent rate limit are 429s
 with Retry-After, and none of them records anything; both are per served model; an admitted request carries the key's
-x-ratelimit headers."""
+x-ratelimit headers; and the admission gate: a generation request that cannot get one of ADMISSION_SLOTS within
+ADMISSION_WAIT_S is a fast 429 `server_busy` that records nothing, other routes never wait on it, and every way a
+view ends gives its slot back."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +16,11 @@ import redis
 import sqlalchemy
 from flask.testing import FlaskClient
 
+from api.admission_gate import GATED_ENDPOINTS, AdmissionGate
 from api.app import create_app
 from tasks.config import Config
 from tasks.db import upgrade_to_head
+from tasks.rate_limits import WINDOW_S
 from tasks.streams import renew_worker_lease
 from tests.conftest import make_test_config
 
@@ -95,8 +101,17 @@ def test_queued_tokens_cap_counts_prompt_tokens(make_client) -> None:  # type: i
     assert num_requests(config) == 1
 
 
+def away_from_a_window_edge(margin_s: float = 5.0) -> None:
+    """Waits out the end of the current one-minute budget window when it is near: a test whose requests straddled
+    it would see the counts start again (it failed once that way)."""
+    left_s = WINDOW_S - time.time() % WINDOW_S
+    if left_s < margin_s:
+        time.sleep(left_s + 0.1)
+
+
 def test_a_keys_request_budget_is_a_429_with_openai_headers(make_client) -> None:  # type: ignore[no-untyped-def]
     config, client = make_client(rate_limit_rpm=2, rate_limit_tpm=10_000)
+    away_from_a_window_edge()
     first = client.post("/v1/chat/completions", json=BODY)
     assert first.status_code == 200
     assert first.headers["x-ratelimit-limit-requests"] == "2"
@@ -117,3 +132,70 @@ def test_a_keys_token_budget_refuses_what_would_exceed_it(make_client) -> None: 
     refused = client.post("/v1/chat/completions", json=big)
     assert refused.status_code == 429 and "tokens" in refused.get_json()["error"]["message"]
     assert client.post("/v1/chat/completions", json=BODY).status_code == 200, "a refused request is not charged"
+
+
+WAIT_S = 0.2
+
+
+def gate_of(client) -> AdmissionGate:  # type: ignore[no-untyped-def]
+    return client.application.extensions["steerbatch.admission_gate"]
+
+
+def test_every_gated_endpoint_is_a_route(make_client) -> None:  # type: ignore[no-untyped-def]
+    _config, client = make_client()
+    endpoints = {rule.endpoint for rule in client.application.url_map.iter_rules()}
+    assert endpoints >= GATED_ENDPOINTS
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses"])
+def test_no_free_slot_is_a_fast_429_that_records_nothing(make_client, path: str) -> None:  # type: ignore[no-untyped-def]
+    config, client = make_client(admission_slots=1, admission_wait_s=WAIT_S)
+    gate = gate_of(client)
+    held_since = gate.acquire()  # another admission holds the only slot
+    assert held_since is not None
+    try:
+        started = time.perf_counter()
+        refused = client.post(path, json=BODY)
+        waited_s = time.perf_counter() - started
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        assert WAIT_S * 1000 <= int(refused.headers["retry-after-ms"]) <= 1000
+        assert refused.get_json()["error"]["code"] == "server_busy"
+        assert refused.get_json()["error"]["type"] == "rate_limit_exceeded"
+        assert WAIT_S <= waited_s < WAIT_S + 1.0
+        assert client.get("/v1/models").status_code == 200  # routes that admit nothing never wait on the gate
+        assert client.get("/health").status_code == 200
+    finally:
+        gate.release(held_since)
+    assert num_requests(config) == 0
+
+
+def test_every_ending_gives_the_slot_back(make_client) -> None:  # type: ignore[no-untyped-def]
+    config, client = make_client(admission_slots=1, admission_wait_s=WAIT_S)
+    assert client.post("/v1/chat/completions", json={**BODY, "temperature": -1}).status_code == 400  # invalid
+    assert client.post("/v1/chat/completions", json={**BODY, "model": "nope"}).status_code == 404  # unknown model
+    assert client.post("/v1/chat/completions", data="x", content_type="text/plain").status_code == 400
+    assert client.post("/v1/chat/completions", json=BODY, headers={"Authorization": "Bearer x"}).status_code in (
+        200,
+        401,
+    )
+    streams = [client.post("/v1/chat/completions", json=BODY) for _ in range(3)]  # each gives it back once enqueued
+    assert [response.status_code for response in streams] == [200, 200, 200]
+    assert num_requests(config) >= 3
+    gate = gate_of(client)
+    held_since = gate.acquire()  # the one slot is free again
+    assert held_since is not None
+    gate.release(held_since)
+
+
+def test_a_burst_refused_together_is_told_to_come_back_spread_out() -> None:
+    gate = AdmissionGate(slots=4, wait_s=0.5)
+    hints = [gate.retry_after_s() for _ in range(8)]  # refused at (nearly) the same moment
+    assert 0.5 <= hints[0] < 0.6
+    spacings = [later - earlier for earlier, later in itertools.pairwise(hints)]
+    assert all(spacing > 0.005 for spacing in spacings)  # one admission's time apart (0.05 s / 4 slots at first)
+    for _ in range(20):  # admissions that took 0.2 s each: the gate admits slower, so it spaces refusals wider
+        acquired_at = gate.acquire()
+        assert acquired_at is not None
+        gate.release(acquired_at - 0.2)
+    wider = [gate.retry_after_s() for _ in range(2)]
+    assert wider[1] - wider[0] > 2 * spacings[0]

@@ -1,17 +1,19 @@
 """One api process (the real gunicorn entry point, gevent) holds 1,000 open SSE streams while `/health` answers
-quickly and a new request is admitted within a second. The streams' requests wait in the queue of a live worker
-that takes nothing, so they stay open for as long as the test holds them; bench/load.py ramps the same through a
-whole stack."""
+quickly and a new request is answered within a second, both while the streams are being admitted and once they are
+all open. The 1,000 are sent at once; the part of that burst the api cannot admit within ADMISSION_WAIT_S gets 429
+and retries, as the `openai` client does. The streams' requests wait in the queue of a live worker that takes
+nothing, so they stay open for as long as the test holds them; bench/load.py ramps the same through a whole stack."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -60,31 +62,79 @@ def _answers(config: Config) -> bool:
         return False
 
 
-async def hold_streams_and_probe(base_url: str) -> tuple[int, list[float], float, int]:
+@dataclass
+class OpenStream:
+    context: AbstractAsyncContextManager[httpx.Response]  # entered: the caller exits it
+    response: httpx.Response
+    num_refusals: int  # 429s before this answer
+
+
+async def open_stream(client: httpx.AsyncClient, deadline: float) -> OpenStream:
+    """One stream, opened as the `openai` client would: a 429 (the part of the burst the api could not admit within
+    ADMISSION_WAIT_S) is retried after its Retry-After."""
+    num_refusals = 0
+    while True:
+        stream = client.stream("POST", "/v1/completions", json=BODY)
+        response = await stream.__aenter__()
+        if response.status_code != 429 or time.monotonic() > deadline:
+            return OpenStream(stream, response, num_refusals)
+        num_refusals += 1
+        await stream.__aexit__(None, None, None)
+        await asyncio.sleep(retry_after_s(response))
+
+
+@dataclass
+class Probes:
+    health_s: list[float]
+    new_request_s: float
+    new_request_status: int
+
+
+async def probe(client: httpx.AsyncClient, num_health: int) -> Probes:
+    """`/health` `num_health` times, 20 ms apart, then how long a new request waits for its answer."""
+    health_s = []
+    for _ in range(num_health):
+        started = time.perf_counter()
+        assert (await client.get("/health")).status_code == 200
+        health_s.append(time.perf_counter() - started)
+        await asyncio.sleep(0.02)
+    started = time.perf_counter()
+    async with client.stream("POST", "/v1/completions", json=BODY) as response:
+        return Probes(health_s, time.perf_counter() - started, response.status_code)
+
+
+def retry_after_s(response: httpx.Response) -> float:
+    """The `openai` client's reading: `retry-after-ms` first, then `Retry-After` in seconds."""
+    if "retry-after-ms" in response.headers:
+        return float(response.headers["retry-after-ms"]) / 1000
+    return float(response.headers["Retry-After"])
+
+
+async def hold_streams_and_probe(base_url: str) -> tuple[int, Probes, Probes]:
+    """Opens the streams at once, probing while they open (the burst) and once all are open (holding)."""
     limits = httpx.Limits(max_connections=NUM_STREAMS + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
-        streams = [client.stream("POST", "/v1/completions", json=BODY) for _ in range(NUM_STREAMS)]
+        deadline = time.monotonic() + 120
         # each admitted stream's headers arrive at once; its body waits for a worker that never comes
-        responses = await asyncio.gather(*(stream.__aenter__() for stream in streams))
-        opened = sum(response.status_code == 200 for response in responses)
-        health_s = []
-        for _ in range(30):
-            started = time.perf_counter()
-            assert (await client.get("/health")).status_code == 200
-            health_s.append(time.perf_counter() - started)
-            await asyncio.sleep(0.02)
-        started = time.perf_counter()
-        async with client.stream("POST", "/v1/completions", json=BODY) as response:
-            new_request_s, new_status = time.perf_counter() - started, response.status_code
+        opening = asyncio.gather(*(open_stream(client, deadline) for _ in range(NUM_STREAMS)))
+        await asyncio.sleep(0.2)  # the burst is under way
+        during_burst = await probe(client, 10)
+        streams = await opening
+        opened = sum(stream.response.status_code == 200 for stream in streams)
+        holding = await probe(client, 30)
         for stream in streams:
-            await stream.__aexit__(None, None, None)
-        return opened, health_s, new_request_s, new_status
+            await stream.context.__aexit__(None, None, None)
+        return opened, during_burst, holding
 
 
 def test_a_thousand_open_streams_leave_health_and_admission_quick(api: Config) -> None:
-    opened, health_s, new_request_s, new_status = asyncio.run(hold_streams_and_probe(f"http://{api.host}:{api.port}"))
+    opened, during_burst, holding = asyncio.run(hold_streams_and_probe(f"http://{api.host}:{api.port}"))
     assert opened == NUM_STREAMS
-    # bounds a frozen api misses by seconds (a thread per stream left /health waiting 20 s), loose enough for a shared
-    # 2-core CI machine; the quiet machine's p99 was under 100 ms (docs/RELIABILITY.md)
-    assert statistics.quantiles(health_s, n=100)[98] < 1.0, f"/health p99 {max(health_s):.3f} s"
-    assert new_status == 200 and new_request_s < 2.0, f"a new request waited {new_request_s:.2f} s"
+    # Bounds a frozen api misses by seconds (a thread per stream left /health waiting 20 s; a burst admitted all at
+    # once, before the admission gate, held a new request 12.5 s and /health over 10 s), loose enough for a shared
+    # 2-core CI machine. During the burst this client's own event loop is busy opening the streams, so those probes
+    # carry its delay too; bench/load.py probes from a process of its own (docs/RELIABILITY.md has its numbers).
+    assert max(during_burst.health_s) < 5.0, f"/health took {max(during_burst.health_s):.3f} s during the burst"
+    assert during_burst.new_request_status in (200, 429) and during_burst.new_request_s < 5.0
+    assert max(holding.health_s) < 1.0, f"/health took {max(holding.health_s):.3f} s with the streams open"
+    assert holding.new_request_status == 200 and holding.new_request_s < 2.0, f"{holding.new_request_s:.2f} s"
