@@ -23,7 +23,7 @@ ERROR_DESCRIPTIONS = {
     413: "The request body is over the endpoint's limit",
     414: "The request line is over the server's limit (answered by gunicorn, in the same shape)",
     431: "Too many or too large header fields (answered by gunicorn, in the same shape)",
-    429: "A queue cap or the key's rate limit; retry after Retry-After seconds",
+    429: "A queue cap, the key's rate limit, or a burst beyond what the api admits at once; retry after Retry-After",
     500: "The server had an error",
     503: "Redis or the database is unavailable, or no worker serves the model; retry after Retry-After seconds",
     504: "The request timed out and was cancelled",
