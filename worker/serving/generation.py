@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import sqlalchemy.exc
+
 from tasks.finish import finish_request
 from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, UsageDetails
 from tasks.models import TERMINAL_STATUSES, RequestStatus
@@ -40,6 +42,9 @@ class Outcome:
     def ended(cls, finish_reason: FinishReason | None, error: ErrorInfo | None = None) -> Outcome:
         """An outcome with nothing generated."""
         return cls([ChoiceResult(0, "", finish_reason)], 0, error)
+
+
+RESULT_NOT_RECORDED = ErrorInfo("The result could not be recorded.", "server_error", code="result_not_recorded")
 
 
 class GenerationHandler(TaskRunner):
@@ -139,9 +144,9 @@ class GenerationHandler(TaskRunner):
     def _emit(self, request_id: str, event: StreamEvent) -> None:
         append_event(self.redis, self.config, request_id, event)
 
-    def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
+    def _record(self, request: GenerateRequest, outcome: Outcome) -> bool:
         with self.sessions() as session:
-            is_recorded = finish_request(
+            return finish_request(
                 session,
                 self.redis,
                 self.config,
@@ -157,6 +162,15 @@ class GenerationHandler(TaskRunner):
                 monitor=outcome.monitor,
                 usage_details=outcome.usage_details,
             )
+
+    def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
+        try:
+            is_recorded = self._record(request, outcome)
+        except sqlalchemy.exc.DataError:
+            # a value this database refuses: the request must still end, once, so it ends with an error
+            logger.exception("request %s: its result could not be recorded; recording an error", request.request_id)
+            outcome = Outcome.ended(None, RESULT_NOT_RECORDED)
+            is_recorded = self._record(request, outcome)
         if not is_recorded:
             logger.warning("request %s already had a result; this run's is dropped", request.request_id)
             return

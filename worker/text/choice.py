@@ -13,6 +13,7 @@ from tasks.messages import ChoiceResult, FinishReason, GenerateRequest
 from tasks.steering_messages import SteeringSpec
 from tasks.tool_calls import ToolCallStream
 from worker.engine.interface import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
+from worker.text.detokenizer import visible_text
 from worker.text.logprob_entries import echo_entries, logprob_entries, vllm_prompt_logprobs
 from worker.text.text_stream import TextStream
 
@@ -112,7 +113,7 @@ class Choice:
         if not prompt.is_echoed:
             return "", [], self.prompt_logprobs
         # decoded as vLLM echoes a token prompt: special tokens (a BOS the tokenizer added) included
-        self.echo_text = tokenizer.decode(prompt.token_ids)
+        self.echo_text = visible_text(tokenizer.decode(prompt.token_ids))
         entries = echo_entries(tokenizer, prompt.token_ids, output.prompt_logprobs, prompt.num_echo_top)
         return self.echo_text, entries if self.wants_logprobs else [], self.prompt_logprobs
 

@@ -17,6 +17,16 @@ def backend_of(tokenizer: PreTrainedTokenizerBase | Tokenizer) -> Tokenizer:
 
 
 PROMPT_CONTEXT_TOKENS = 5
+# A byte-level model can write byte 0, but PostgreSQL's text and JSON cannot hold U+0000 (recording such a result
+# failed and left its request unfinished) and many clients read it as the end of a string. Text shows it as U+FFFD,
+# as it shows a byte that is not UTF-8; logprobs' `bytes` still carry the 0.
+NUL = "\x00"
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+def visible_text(text: str) -> str:
+    """`text` as every output carries it: U+0000 replaced by U+FFFD."""
+    return text.replace(NUL, REPLACEMENT_CHARACTER) if NUL in text else text
 
 
 class IncrementalDetokenizer:
@@ -36,4 +46,4 @@ class IncrementalDetokenizer:
     def push(self, token_ids: list[int]) -> str:
         """Returns the text completed by these tokens; bytes of an unfinished character wait for the next push."""
         chunks = (self._stream.step(self._backend, token_id) for token_id in token_ids)
-        return "".join(chunk for chunk in chunks if chunk is not None)
+        return visible_text("".join(chunk for chunk in chunks if chunk is not None))

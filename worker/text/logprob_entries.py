@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from tasks.messages import TokenLogprob
+from worker.text.detokenizer import visible_text
 
 
 def logprob_entries(tokenizer: PreTrainedTokenizerFast, logprobs: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
@@ -48,7 +49,7 @@ def _vllm_position(tokenizer: PreTrainedTokenizerFast, entry: TokenLogprob, num_
     ranked = [(entry.token_id, entry.logprob, entry.rank)]
     ranked += [(token_id, logprob, rank) for rank, (token_id, logprob) in enumerate(entry.top[:num_top], start=1)]
     return {
-        str(token_id): {"logprob": logprob, "rank": rank, "decoded_token": tokenizer.decode([token_id])}
+        str(token_id): {"logprob": logprob, "rank": rank, "decoded_token": visible_text(tokenizer.decode([token_id]))}
         for token_id, logprob, rank in ranked
     }
 
@@ -56,7 +57,7 @@ def _vllm_position(tokenizer: PreTrainedTokenizerFast, entry: TokenLogprob, num_
 def _token(tokenizer: PreTrainedTokenizerFast, token_id: int, logprob: float | None) -> dict[str, Any]:
     # A byte-level token may hold part of a UTF-8 character: its text then shows U+FFFD, and `bytes` tells the truth.
     text = tokenizer.decode([token_id])
-    return {"token": text, "logprob": logprob, "bytes": list(_token_bytes(tokenizer, token_id, text))}
+    return {"token": visible_text(text), "logprob": logprob, "bytes": list(_token_bytes(tokenizer, token_id, text))}
 
 
 def _token_bytes(tokenizer: PreTrainedTokenizerFast, token_id: int, text: str) -> bytes:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from worker.text.detokenizer import IncrementalDetokenizer
 
@@ -84,3 +85,11 @@ def test_special_tokens_show_when_not_skipped(tiny_tokenizer: PreTrainedTokenize
     shown = IncrementalDetokenizer(tiny_tokenizer, skip_special_tokens=False).push(token_ids)
     assert shown == tiny_tokenizer.decode(token_ids) and shown.endswith(tiny_tokenizer.eos_token)
     assert IncrementalDetokenizer(tiny_tokenizer).push(token_ids) == tiny_tokenizer.decode(token_ids[:-1])
+
+
+def test_byte_zero_shows_as_the_replacement_character(tiny_tokenizer: PreTrainedTokenizerBase) -> None:
+    # PostgreSQL cannot store U+0000 and a recording that failed left its request unfinished
+    nul_id = tiny_tokenizer.convert_tokens_to_ids(bytes_to_unicode()[0])
+    assert tiny_tokenizer.decode([nul_id]) == "\x00"  # what the tokenizer itself writes
+    text = "".join(stream_one_at_a_time(tiny_tokenizer, [*tiny_tokenizer.encode("a"), nul_id, nul_id]))
+    assert text == "a\ufffd\ufffd"
