@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, distinct, func, insert, select, update
+from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
 from tasks.batch_messages import ChunkTask, RequestCounts
@@ -166,23 +167,54 @@ def _held_by(chunk_id: str, owner: str) -> tuple:
     return BatchLine.chunk_id == chunk_id, BatchLine.status == LineStatus.RUNNING.value, BatchLine.lease_owner == owner
 
 
-def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome]) -> set[int]:
-    """Record running lines' one results (by line id) in one transaction of the session's own; returns the ids
-    recorded, leaving out those `owner` no longer holds (their lease lapsed and they moved on)."""
+def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome]) -> dict[int, LineStatus]:
+    """Record running lines' one results (by line id) in one transaction of the session's own; returns the status
+    recorded for each line recorded, leaving out those `owner` no longer holds (their lease lapsed and they moved
+    on). A line whose result the database refuses (a value its columns cannot hold) is recorded as failed with
+    `result_not_recorded`, so it still ends once and the lines finished beside it are recorded as they were."""
     finished_at = time.time()
-    rows = []
-    for line_id, outcome in outcomes.items():
-        row = {name: getattr(outcome, name) for name in _OUTCOME_COLUMNS}
-        row.update(status=outcome.status.value, finished_at=finished_at, line_id=line_id, owner=owner)
-        rows.append(row)
-    if rows and session.execute(_FINISH_LINE, rows).rowcount == len(rows):
-        recorded = set(outcomes)  # the usual case, in one executemany: every line was still held
-    else:  # some line was taken: undo, and learn line by line which ones are still held
+    rows = [_outcome_row(outcome, line_id, owner, finished_at) for line_id, outcome in outcomes.items()]
+    try:
+        is_every_line_held = bool(rows) and session.execute(_FINISH_LINE, rows).rowcount == len(rows)
+    except DataError:
+        is_every_line_held = False
+    if is_every_line_held:  # the usual case, in one executemany
+        session.commit()
+        recorded = {line_id: outcome.status for line_id, outcome in outcomes.items()}
+    else:  # some line was taken, or refused: undo, and record line by line, each in its own transaction
         session.rollback()
-        recorded = {row["line_id"] for row in rows if session.execute(_FINISH_LINE, row).rowcount == 1}
-    session.commit()
+        recorded = {}
+        for row in rows:
+            status = _finish_one(session, row)
+            if status is not None:
+                recorded[row["line_id"]] = status
     session.expire_all()  # the UPDATE bypassed the ORM, so lines this session had loaded must load again
     return recorded
+
+
+RESULT_NOT_RECORDED = {"message": "The result could not be recorded.", "type": "server_error", "param": None,
+                       "code": "result_not_recorded"}  # fmt: skip
+
+
+def _outcome_row(outcome: LineOutcome, line_id: int, owner: str, finished_at: float) -> dict[str, Any]:
+    row = {name: getattr(outcome, name) for name in _OUTCOME_COLUMNS}
+    row.update(status=outcome.status.value, finished_at=finished_at, line_id=line_id, owner=owner)
+    return row
+
+
+def _finish_one(session: Session, row: dict[str, Any]) -> LineStatus | None:
+    """One line's result, committed; its status, or None when `row`'s owner no longer holds the line."""
+    try:
+        is_held = session.execute(_FINISH_LINE, row).rowcount == 1
+        session.commit()
+        return LineStatus(row["status"]) if is_held else None
+    except DataError:
+        session.rollback()
+    failed = _outcome_row(LineOutcome(LineStatus.FAILED, error=RESULT_NOT_RECORDED), row["line_id"], row["owner"],
+                          row["finished_at"])  # fmt: skip
+    is_held = session.execute(_FINISH_LINE, failed).rowcount == 1
+    session.commit()
+    return LineStatus.FAILED if is_held else None
 
 
 def stop_waiting_lines(session: Session, batch_id: str, status: LineStatus) -> int:

@@ -131,7 +131,7 @@ def test_dispatch_fills_the_window_with_chunks_oldest_batch_first(session: Sessi
     owner = "w#1"
     lines = claim_chunk(session, chunks[1], owner, lease_s=30)
     assert [line.line_no for line in lines] == [4]
-    assert finish_lines(session, owner, {lines[0].id: done()}) == {lines[0].id}
+    assert set(finish_lines(session, owner, {lines[0].id: done()})) == {lines[0].id}
     assert [chunk.batch_id for chunk in dispatch_chunks(session, CONFIG)] == [second]
 
 
@@ -150,7 +150,7 @@ def test_lines_finished_together_are_recorded_except_those_taken_from_their_owne
     session.execute(update(BatchLine).where(BatchLine.id == lines[1].id).values(lease_owner="w#2"))
     session.commit()
     outcomes = {line.id: done(f"text {line.line_no}") for line in lines}
-    assert finish_lines(session, "w#1", outcomes) == {lines[0].id, lines[2].id}
+    assert set(finish_lines(session, "w#1", outcomes)) == {lines[0].id, lines[2].id}
     assert statuses(session, batch_id) == ["completed", "running", "completed"]
     assert [session.get(BatchLine, line.id).text for line in lines] == ["text 1", None, "text 3"]  # type: ignore[union-attr]
 
@@ -161,9 +161,9 @@ def test_a_redelivered_chunk_claims_nothing_and_a_result_is_recorded_once(sessio
     lines = claim_chunk(session, chunk, "w#1", lease_s=30)
     assert [line.attempts for line in lines] == [1, 1, 1]
     assert claim_chunk(session, chunk, "w#2", lease_s=30) == []
-    assert finish_lines(session, "w#1", {lines[0].id: done("first")}) == {lines[0].id}
-    assert finish_lines(session, "w#1", {lines[0].id: done("second")}) == set()
-    assert finish_lines(session, "w#2", {lines[1].id: done()}) == set(), "only the lease holder records"
+    assert set(finish_lines(session, "w#1", {lines[0].id: done("first")})) == {lines[0].id}
+    assert set(finish_lines(session, "w#1", {lines[0].id: done("second")})) == set()
+    assert set(finish_lines(session, "w#2", {lines[1].id: done()})) == set(), "only the lease holder records"
     assert renew_lease(session, chunk.chunk_id, "w#1", lease_s=30) == {lines[1].id, lines[2].id}
     session.expire_all()
     assert session.get(BatchLine, lines[0].id).text == "first"  # type: ignore[union-attr]
@@ -200,7 +200,7 @@ def test_expiry_ends_waiting_lines_now_and_running_ones_at_their_lease(session: 
     batch_id = make_batch(session, 4, expires_in_s=-1)
     chunk = dispatch_chunks(session, CONFIG)[0]
     running = claim_chunk(session, chunk, "w#1", lease_s=30)
-    assert finish_lines(session, "w#1", {running[0].id: done()}) == {running[0].id}
+    assert set(finish_lines(session, "w#1", {running[0].id: done()})) == {running[0].id}
     assert begin_expiry(session, time.time()) == [batch_id]
     assert statuses(session, batch_id) == ["completed", "running", "running", "expired"]
     assert not finalize_if_done(session, batch_id), "lines still run"
@@ -320,3 +320,22 @@ def test_a_cancel_while_validating_stops_the_validation_at_its_next_slice(sessio
     session.expire_all()
     assert session.get(BatchRecord, batch_id).status == "cancelled"  # type: ignore[union-attr]
     assert statuses(session, batch_id) == ["cancelled"]
+
+
+def test_a_result_the_database_refuses_fails_that_line_alone(session: Session) -> None:
+    batch_id = make_batch(session, 3)
+    [chunk] = dispatch_chunks(session, CONFIG)
+    lines = claim_chunk(session, chunk, "w#1", lease_s=30)
+    outcomes = {line.id: done(f"text {line.line_no}") for line in lines}
+    outcomes[lines[1].id] = done("byte \x00 zero")  # PostgreSQL's text cannot hold U+0000; SQLite's can
+    recorded = finish_lines(session, "w#1", outcomes)
+    is_refused = session.get_bind().dialect.name == "postgresql"
+    assert recorded == {
+        lines[0].id: LineStatus.COMPLETED,
+        lines[1].id: LineStatus.FAILED if is_refused else LineStatus.COMPLETED,
+        lines[2].id: LineStatus.COMPLETED,
+    }
+    assert statuses(session, batch_id) == ["completed", "failed" if is_refused else "completed", "completed"]
+    assert [session.get(BatchLine, line.id).text for line in (lines[0], lines[2])] == ["text 1", "text 3"]  # type: ignore[union-attr]
+    if is_refused:
+        assert session.get(BatchLine, lines[1].id).error["code"] == "result_not_recorded"  # type: ignore[union-attr,index]

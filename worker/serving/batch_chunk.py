@@ -172,7 +172,7 @@ class ChunkRunner(TaskRunner):
             return
         with self.sessions() as session:
             recorded = finish_lines(session, chunk.owner, {run.line.id: outcome for run, outcome in finished})
-            events = [(run.line, outcome.status) for run, outcome in finished if run.line.id in recorded]
+            events = [(run.line, recorded[run.line.id]) for run, _ in finished if run.line.id in recorded]
             publish_lines(self.redis, self.config, session, chunk.task.batch_id, events)
         for run, outcome in finished:
             if run.line.id in recorded:
