@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,9 @@ from worker.serving.generation import GenerationHandler
 from worker.serving.metrics import ServingMetrics
 
 
-@pytest.fixture(scope="module")
-def handler(
-    tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GenerationHandler]:
-    database_url = f"sqlite:///{tmp_path_factory.mktemp('handler') / 'db.sqlite'}"
+@contextmanager
+def running_handler(tiny_model_dir: Path, redis_url: str, database_url: str) -> Iterator[GenerationHandler]:
+    """A task handler on its own engine, over `database_url` (migrated here) and keys no other test shares."""
     upgrade_to_head(database_url)
     config = Config(model=str(tiny_model_dir), redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:",
                     database_url=database_url, is_redis_embedded=False, device="cpu", max_num_seqs=4,
@@ -37,20 +36,33 @@ def handler(
     engine = ContinuousEngine(ModelRunner(config), config)
     engine.start()
     client = redis.Redis.from_url(redis_url, decode_responses=True)
+    db_engine = make_db_engine(database_url)
     handler = GenerationHandler(
         config=config,
         engine=engine,
         tokenizer=PreTrainedTokenizerFast.from_pretrained(tiny_model_dir),
         client=client,
-        sessions=make_session_factory(make_db_engine(database_url)),
+        sessions=make_session_factory(db_engine),
         worker="test-worker",
         metrics=ServingMetrics(),
     )
-    yield handler
-    handler.close()
-    engine.stop()
-    for key in client.scan_iter(f"{config.redis_prefix}*"):
-        client.delete(key)
+    try:
+        yield handler
+    finally:
+        handler.close()
+        engine.stop()
+        db_engine.dispose()
+        for key in client.scan_iter(f"{config.redis_prefix}*"):
+            client.delete(key)
+
+
+@pytest.fixture(scope="module")
+def handler(
+    tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GenerationHandler]:
+    database_url = f"sqlite:///{tmp_path_factory.mktemp('handler') / 'db.sqlite'}"
+    with running_handler(tiny_model_dir, redis_url, database_url) as running:
+        yield running
 
 
 def accept(handler: GenerationHandler, text: str, **sampling: object) -> GenerateRequest:

@@ -4,50 +4,21 @@ request with an error instead of leaving it running."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from tasks.config import Config
-from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.messages import ChoiceResult, EventType, FinishReason
-from tests.worker.serving.test_generation import accept, stored, stream_events
-from worker.engine.continuous_engine import ContinuousEngine
-from worker.engine.model_runner import ModelRunner
+from tests.worker.serving.test_generation import accept, running_handler, stored, stream_events
 from worker.serving.generation import GenerationHandler, Outcome
-from worker.serving.metrics import ServingMetrics
 
 
 @pytest.fixture(scope="module")
 def handler(tiny_model_dir: Path, redis_url: str, postgres_url: str) -> Iterator[GenerationHandler]:
-    upgrade_to_head(postgres_url)
-    config = Config(model=str(tiny_model_dir), redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:",
-                    database_url=postgres_url, is_redis_embedded=False, device="cpu", max_num_seqs=4,
-                    kv_cache_tokens=4096)  # fmt: skip
-    engine = ContinuousEngine(ModelRunner(config), config)
-    engine.start()
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    db_engine = make_db_engine(postgres_url)
-    handler = GenerationHandler(
-        config=config,
-        engine=engine,
-        tokenizer=PreTrainedTokenizerFast.from_pretrained(tiny_model_dir),
-        client=client,
-        sessions=make_session_factory(db_engine),
-        worker="test-worker",
-        metrics=ServingMetrics(),
-    )
-    yield handler
-    handler.close()
-    engine.stop()
-    db_engine.dispose()
-    for key in client.scan_iter(f"{config.redis_prefix}*"):
-        client.delete(key)
+    with running_handler(tiny_model_dir, redis_url, postgres_url) as running:
+        yield running
 
 
 def test_generated_byte_zero_is_recorded_as_the_replacement_character(handler: GenerationHandler) -> None:
