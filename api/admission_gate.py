@@ -23,12 +23,11 @@ import math
 import threading
 import time
 
-from flask import Flask, current_app, g, request
+from flask import Flask, g, request
 
 from api.errors import APIError
 from api.observability.api_metrics import count_rejection
 from api.services import services
-from tasks.config import Config
 
 # The views that admit generation: each takes a slot before authentication, so a burst waits on the gate, not on
 # the SQL pool that /health and every other route share.
@@ -72,28 +71,21 @@ class AdmissionGate:
             return self._next_retry_at - now
 
 
-def register_admission_gate(app: Flask, config: Config) -> AdmissionGate:
-    """The gate as the app's first before_request hook (before authentication), and its slot given back when the
-    request's context ends, for a request that did not give it back itself."""
-    gate = AdmissionGate(config.admission_slots, config.admission_wait_s)
-    app.extensions["steerbatch.admission_gate"] = gate
+def register_admission_gate(app: Flask) -> None:
+    """The services' gate as the app's first before_request hook (before authentication), and its slot given back
+    when the request's context ends, for a request that did not give it back itself."""
     app.before_request_funcs.setdefault(None, []).insert(0, take_admission_slot)
     app.teardown_request(lambda _exc: release_admission_slot())
-    return gate
-
-
-def admission_gate() -> AdmissionGate:
-    return current_app.extensions["steerbatch.admission_gate"]
 
 
 def take_admission_slot() -> None:
     if request.endpoint not in GATED_ENDPOINTS:
         return
-    gate = admission_gate()
+    gate = services().admission_gate
     acquired_at = gate.acquire()
     if acquired_at is None:
         _drain_body()
-        count_rejection(next(iter(services().models)), "server_busy")  # the body is not parsed: the default model
+        count_rejection(services().model_info.name, "server_busy")  # the body is not parsed: the default model
         retry_after_s = gate.retry_after_s()
         raise APIError(
             429,
@@ -109,7 +101,7 @@ def release_admission_slot() -> None:
     """Gives this request's slot back, if it holds one: once it is enqueued, or when its view ends."""
     acquired_at = g.pop("admission_slot", None)
     if acquired_at is not None:
-        admission_gate().release(acquired_at)
+        services().admission_gate.release(acquired_at)
 
 
 def _drain_body() -> None:

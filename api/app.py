@@ -7,7 +7,7 @@ import uuid
 
 from flask import Flask, Response, g
 
-from api.admission_gate import register_admission_gate
+from api.admission_gate import AdmissionGate, register_admission_gate
 from api.auth import authenticate
 from api.blueprints import (
     batches,
@@ -52,6 +52,7 @@ def create_app(config: Config | None = None) -> Flask:
         celery=create_celery(config),
         models=load_models(config),
         started_at=int(time.time()),
+        admission_gate=AdmissionGate(config.admission_slots, config.admission_wait_s),
     )
     blueprints = (
         chat,
@@ -72,7 +73,7 @@ def create_app(config: Config | None = None) -> Flask:
         app.register_blueprint(blueprint)
     register_openapi(app)  # /openapi.json and /docs, describing the routes above
     app.before_request(authenticate)  # every route but the health probes and the contract (DESIGN rule 7)
-    register_admission_gate(app, config)  # before authentication: a burst waits on the gate, not on SQL
+    register_admission_gate(app)  # before authentication: a burst waits on the gate, not on SQL
     register_request_limits(app, config)  # body size, URL parts, after authentication
     app.after_request(add_rate_limit_headers)
     app.after_request(add_request_id_header)

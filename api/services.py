@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
@@ -14,6 +15,9 @@ from api.stream_hub import StreamHub
 from tasks.config import Config
 from tasks.db import SessionFactory
 
+if TYPE_CHECKING:  # api/admission_gate.py reads the services itself
+    from api.admission_gate import AdmissionGate
+
 
 @dataclass(frozen=True)
 class Services:
@@ -24,6 +28,7 @@ class Services:
     celery: Celery
     models: dict[str, ModelInfo]  # the served models by name, the default one first
     started_at: int
+    admission_gate: AdmissionGate  # the generation requests this process admits at once
 
     @property
     def model_info(self) -> ModelInfo:

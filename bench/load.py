@@ -24,6 +24,7 @@ import multiprocessing
 import statistics
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,9 +200,7 @@ def new_requests_cell(new_requests: list[tuple[float, int]]) -> str:
     if not new_requests:
         return "(none sent)"
     seconds = sorted(s for s, _ in new_requests)
-    statuses: dict[int, int] = {}
-    for _, status in new_requests:
-        statuses[status] = statuses.get(status, 0) + 1
+    statuses = Counter(status for _, status in new_requests)
     counts = ", ".join(f"{status}: {n}" for status, n in sorted(statuses.items()))
     return f"{statistics.median(seconds):.3f}, {seconds[-1]:.3f} ({counts})"
 
@@ -210,8 +209,7 @@ def table(results: list[StepResult]) -> str:
     header = (
         "| streams | 200 | other (kind: count) | 429s retried | TTFT p50 s | TTFT p99 s | /health p50 ms (burst) | "
         "/health p99 ms (burst) | /health p99 ms holding (probes) | new request s during burst: p50, max (statuses) | "
-        "new request s holding (status) | "
-        "api RSS MB | KB per stream |"
+        "new request s holding (status) | api RSS MB | KB per stream |"
     )
     lines = [header, "|" + "---|" * 13]
     for r in results:

@@ -97,8 +97,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.dtype = "float32"  # what machine_description reports
-    if args.random_config is not None:
-        args.model = str(random_model_dir(args.random_config, torch.float32))
     return args
 
 
@@ -223,6 +221,8 @@ def model_description(args: argparse.Namespace) -> str:
 
 def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
     torch.set_num_threads(args.threads)
+    if args.random_config is not None:
+        args.model = str(random_model_dir(args.random_config, torch.float32))
     config = Config(
         model=args.model,
         device="cpu",

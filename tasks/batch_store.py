@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from tasks.batch_messages import ChunkTask, RequestCounts
 from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, LineStatus
 from tasks.config import Config
+from tasks.finish import RESULT_NOT_RECORDED
 
 STOPPABLE_BATCH_VALUES = (BatchStatus.VALIDATING.value, BatchStatus.IN_PROGRESS.value)
 WAITING_LINE_VALUES = (LineStatus.QUEUED.value, LineStatus.DISPATCHED.value)
@@ -192,10 +193,6 @@ def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome])
     return recorded
 
 
-RESULT_NOT_RECORDED = {"message": "The result could not be recorded.", "type": "server_error", "param": None,
-                       "code": "result_not_recorded"}  # fmt: skip
-
-
 def _outcome_row(outcome: LineOutcome, line_id: int, owner: str, finished_at: float) -> dict[str, Any]:
     row = {name: getattr(outcome, name) for name in _OUTCOME_COLUMNS}
     row.update(status=outcome.status.value, finished_at=finished_at, line_id=line_id, owner=owner)
@@ -210,8 +207,8 @@ def _finish_one(session: Session, row: dict[str, Any]) -> LineStatus | None:
         return LineStatus(row["status"]) if is_held else None
     except DataError:
         session.rollback()
-    failed = _outcome_row(LineOutcome(LineStatus.FAILED, error=RESULT_NOT_RECORDED), row["line_id"], row["owner"],
-                          row["finished_at"])  # fmt: skip
+    refused = LineOutcome(LineStatus.FAILED, error=RESULT_NOT_RECORDED.to_dict())
+    failed = _outcome_row(refused, row["line_id"], row["owner"], row["finished_at"])
     is_held = session.execute(_FINISH_LINE, failed).rowcount == 1
     session.commit()
     return LineStatus.FAILED if is_held else None

@@ -83,8 +83,8 @@ class Config:
     max_queued_requests: int = 1024
     max_queued_tokens: int = 0
     # Generation requests one api process admits at once; one that waits ADMISSION_WAIT_S for its turn gets 429
-    # `server_busy` with Retry-After instead, so a burst never holds up /health or a new request for longer than
-    # that (api/admission_gate.py); 0: no bound.
+    # `server_busy` with staggered retry hints instead of queueing behind the whole burst (api/admission_gate.py);
+    # 0: no bound.
     admission_slots: int = 16
     admission_wait_s: float = 0.5
     # Per API key, a fixed one-minute window; tokens are prompt plus max_tokens, as OpenAI counts them; 0: no limit.

@@ -13,6 +13,9 @@ from tasks.models import RequestRecord
 from tasks.store import cancel_if_queued, record_result
 from tasks.streams import append_event, request_cancel
 
+# A result the database refused to store (a value its columns cannot hold): the request or batch line still ends once.
+RESULT_NOT_RECORDED = ErrorInfo("The result could not be recorded.", "server_error", code="result_not_recorded")
+
 
 def finish_request(
     session: Session,

@@ -138,7 +138,7 @@ WAIT_S = 0.2
 
 
 def gate_of(client) -> AdmissionGate:  # type: ignore[no-untyped-def]
-    return client.application.extensions["steerbatch.admission_gate"]
+    return client.application.extensions["steerbatch"].admission_gate
 
 
 def test_every_gated_endpoint_is_a_route(make_client) -> None:  # type: ignore[no-untyped-def]

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import redis
 
+from bench.load import retry_after_of
 from tasks.config import REPO_ROOT, Config
 from tasks.db import upgrade_to_head
 from tasks.streams import renew_worker_lease
@@ -80,7 +81,7 @@ async def open_stream(client: httpx.AsyncClient, deadline: float) -> OpenStream:
             return OpenStream(stream, response, num_refusals)
         num_refusals += 1
         await stream.__aexit__(None, None, None)
-        await asyncio.sleep(retry_after_s(response))
+        await asyncio.sleep(retry_after_of(response))
 
 
 @dataclass
@@ -101,13 +102,6 @@ async def probe(client: httpx.AsyncClient, num_health: int) -> Probes:
     started = time.perf_counter()
     async with client.stream("POST", "/v1/completions", json=BODY) as response:
         return Probes(health_s, time.perf_counter() - started, response.status_code)
-
-
-def retry_after_s(response: httpx.Response) -> float:
-    """The `openai` client's reading: `retry-after-ms` first, then `Retry-After` in seconds."""
-    if "retry-after-ms" in response.headers:
-        return float(response.headers["retry-after-ms"]) / 1000
-    return float(response.headers["Retry-After"])
 
 
 async def hold_streams_and_probe(base_url: str) -> tuple[int, Probes, Probes]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy.exc
 
-from tasks.finish import finish_request
+from tasks.finish import RESULT_NOT_RECORDED, finish_request
 from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, UsageDetails
 from tasks.models import TERMINAL_STATUSES, RequestStatus
 from tasks.steering_messages import SteeringSource, SteeringSpec
@@ -42,9 +42,6 @@ class Outcome:
     def ended(cls, finish_reason: FinishReason | None, error: ErrorInfo | None = None) -> Outcome:
         """An outcome with nothing generated."""
         return cls([ChoiceResult(0, "", finish_reason)], 0, error)
-
-
-RESULT_NOT_RECORDED = ErrorInfo("The result could not be recorded.", "server_error", code="result_not_recorded")
 
 
 class GenerationHandler(TaskRunner):

@@ -26,7 +26,7 @@ REPLACEMENT_CHARACTER = "\ufffd"
 
 def visible_text(text: str) -> str:
     """`text` as every output carries it: U+0000 replaced by U+FFFD."""
-    return text.replace(NUL, REPLACEMENT_CHARACTER) if NUL in text else text
+    return text.replace(NUL, REPLACEMENT_CHARACTER)
 
 
 class IncrementalDetokenizer:
