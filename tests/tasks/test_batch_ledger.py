@@ -32,12 +32,10 @@ from tasks.batch_reaper import (
     return_lapsed_lines,
 )
 from tasks.batch_store import (
-    LineOutcome,
     add_lines,
     begin_cancel,
     claim_chunk,
     dispatch_chunks,
-    finish_lines,
     new_sortable_id,
     renew_lease,
     request_counts,
@@ -45,6 +43,7 @@ from tasks.batch_store import (
 )
 from tasks.config import Config
 from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
+from tasks.line_outcomes import LineOutcome, finish_lines
 from tasks.messages import Endpoint, GenerateRequest, SamplingParams
 from tasks.models import Base
 from tasks.streams import RedisKeys

@@ -15,9 +15,10 @@ from transformers import PreTrainedTokenizerFast
 from tasks.batch_events import publish_lines
 from tasks.batch_messages import ChunkTask
 from tasks.batch_models import BatchLine, BatchRecord, LineStatus
-from tasks.batch_store import LineOutcome, claim_chunk, finish_lines, renew_lease, stop_status
+from tasks.batch_store import claim_chunk, renew_lease, stop_status
 from tasks.config import Config
 from tasks.db import SessionFactory
+from tasks.line_outcomes import LineOutcome, finish_lines
 from tasks.messages import FinishReason, GenerateRequest
 from tasks.steering_messages import SteeringSource, SteeringSpec
 from tasks.steering_store import default_steering
