@@ -12,6 +12,7 @@ token budget matches the engine's `max_num_batched_tokens`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -31,6 +32,7 @@ except ImportError:
 logger = logging.getLogger(__name__)
 
 PAGE_SIZE = 256  # HF's default
+ARGUMENT_ALIASES = {"page_size": ("block_size",)}  # older 5.x spellings
 NO_EOS = -1
 RESULT_POLL_S = 1.0
 
@@ -43,12 +45,27 @@ def size_config(requests: list[BenchRequest], max_batch_tokens: int, max_request
     num_blocks = sum(
         math.ceil((len(request.prompt_token_ids) + request.num_output_tokens) / PAGE_SIZE) for request in requests
     )
-    return ContinuousBatchingConfig(
-        page_size=PAGE_SIZE,
-        num_blocks=num_blocks,
-        max_batch_tokens=max_batch_tokens,
-        max_requests_per_batch=max_requests,
-    )
+    wanted = {
+        "page_size": PAGE_SIZE,
+        "num_blocks": num_blocks,
+        "max_batch_tokens": max_batch_tokens,
+        "max_requests_per_batch": max_requests,
+    }
+    return ContinuousBatchingConfig(**accepted_arguments(wanted))
+
+
+def accepted_arguments(wanted: dict[str, int]) -> dict[str, int]:
+    """`wanted` under the names this transformers' `ContinuousBatchingConfig` takes (5.17, on the GPU image, calls the
+    page size `block_size`); a setting it has no name for is left at its default, with a warning."""
+    accepted = set(inspect.signature(ContinuousBatchingConfig).parameters)
+    arguments = {}
+    for name, value in wanted.items():
+        spelling = next((alias for alias in (name, *ARGUMENT_ALIASES.get(name, ())) if alias in accepted), None)
+        if spelling is None:
+            logger.warning("this transformers' ContinuousBatchingConfig takes no %s; its default stays", name)
+            continue
+        arguments[spelling] = value
+    return arguments
 
 
 def workload_hints(requests: list[BenchRequest]) -> WorkloadHints:

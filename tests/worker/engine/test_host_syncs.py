@@ -43,11 +43,12 @@ def read_backs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             callers.append(caller)
             if not torch.cuda.is_available():
                 return to_host(*tensors)
+            mode = torch.cuda.get_sync_debug_mode()  # "error" inside a checked step, "default" outside one
             torch.cuda.set_sync_debug_mode("default")
             try:
                 return to_host(*tensors)
             finally:
-                torch.cuda.set_sync_debug_mode("error")
+                torch.cuda.set_sync_debug_mode(mode)
 
         return read
 
