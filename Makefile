@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup model draft-model sae demo serve test lint gpu-check
+.PHONY: setup model draft-model sae demo serve test lint gpu-check gpu-bundle
 
 setup: $(INSTALLED) model sae
 
@@ -43,9 +43,16 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# On a CUDA machine, with what is installed there (no .venv, no network): the gpu tests and bench/gpu.py, whose report
-# goes to GPU_REPORT. GPU_PYTHON is the interpreter holding the CUDA build of torch.
-GPU_PYTHON ?= python3
-GPU_REPORT ?= gpu-check.md
+# The GPU check (scripts/gpu/check.py): on the lent CUDA machine (no network, no .venv) from the source tree and the
+# bundle, its report (report.md, report.json and the benchmarks' tables) in GPU_OUT. DEVICE=cpu runs the same sequence
+# here at the smallest sizes, with .venv's interpreter. GPU_PYTHON is the interpreter holding the CUDA build of torch.
+DEVICE ?= cuda
+GPU_BUNDLE ?= gpu-bundle
+GPU_OUT ?= gpu-check
+GPU_PYTHON ?= $(if $(filter cpu,$(DEVICE)),$(PY),python3)
 gpu-check:
-	PYTHON=$(GPU_PYTHON) scripts/gpu_check.sh $(GPU_REPORT)
+	PYTHON=$(GPU_PYTHON) scripts/gpu/check.sh $(GPU_OUT) $(GPU_BUNDLE) $(DEVICE)
+
+# The folder a GPU call carries (at most 48 MiB): the service's wheels for Python 3.12 and the tiny model with its SAE.
+gpu-bundle: $(INSTALLED) model sae
+	$(PY) -m scripts.gpu.bundle --out $(GPU_BUNDLE)

@@ -5,7 +5,7 @@ engine eager and with CUDA graphs; at batch 1, 8, 32 and 64 (every request at t=
 prints one summary table, batch-1 decode against the HBM roofline (the weights' bytes per step over a measured
 device-to-device copy bandwidth) and the issue's targets, and writes them as markdown to --out.
 
-    python3 -m bench.gpu --out gpu.md                              # on a CUDA machine (scripts/gpu_check.sh)
+    python3 -m bench.gpu --out gpu.md                              # on a CUDA machine (scripts/gpu/check.sh)
     python3 -m bench.gpu --size tiny --device cpu --out /tmp/g.md  # the smoke test: seconds, on a CPU
 
 On a CPU the graph engine runs its padded static-buffer steps eagerly (Triton's interpreter attends), and HF's

@@ -61,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated numbers of streams at once, e.g. 1,4,16,32,64: TTFT and throughput through the service "
         "at each, instead of the comparison with the engine in process (--num-requests is then unused)",
     )
+    parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
     parser.add_argument("--json", type=Path, help="with --concurrency-levels: also write every round's numbers here")
     args = parser.parse_args(argv)
     if args.json is not None and args.concurrency_levels is None:
@@ -235,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     engine = engine_rounds(config, requests, args.rounds)
     with running_stack(config) as stack:
         service = service_rounds(stack, requests, args.rounds)
-    print(table(engine, service))
+    report = table(engine, service)
+    print(report)
+    if args.out is not None:
+        args.out.write_text(report + "\n")
     return 0
 
 

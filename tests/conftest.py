@@ -1,6 +1,6 @@
 """Shared fixtures: the tiny model, a real Redis, a real PostgreSQL database, and the running stack.
 
-Redis, SQLAlchemy and the stack are imported by the fixtures that use them: the GPU check (scripts/gpu_check.sh) runs
+Redis, SQLAlchemy and the stack are imported by the fixtures that use them: the GPU check (scripts/gpu/check.sh) runs
 the `gpu` tests on machines that have none of the service's packages.
 """
 
@@ -52,6 +52,12 @@ def is_port_open(port: int) -> bool:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
+    """models/tiny, built the Makefile's way (a no-op when it is up to date); or, under STEERBATCH_TINY_MODEL, a tiny
+    model built elsewhere and used as it is (the GPU check's, from its bundle: the GPU machine's torch would build
+    its own, a minute of device time, since the build is stamped with the library versions)."""
+    prebuilt = os.environ.get("STEERBATCH_TINY_MODEL")
+    if prebuilt:
+        return Path(prebuilt)
     out = REPO_ROOT / "models" / "tiny"
     subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--out", str(out)], cwd=REPO_ROOT, check=True)
     return out
@@ -59,10 +65,10 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_sae_root(tiny_model_dir: Path) -> Path:
-    """models/saes with the tiny model's SAE built the Makefile's way (a no-op when it is up to date)."""
+    """The saes folder beside the tiny model, with its SAE built the Makefile's way (a no-op when it is up to date)."""
     from tests.steering.sae_folders import TINY_SAE_ID  # imports torch, which api-only test runs need not load
 
-    root = REPO_ROOT / "models" / "saes"
+    root = tiny_model_dir.parent / "saes"
     command = [sys.executable, "-m", "scripts.build_tiny_sae", "--model", str(tiny_model_dir)]
     subprocess.run([*command, "--out", str(root / TINY_SAE_ID)], cwd=REPO_ROOT, check=True)
     return root

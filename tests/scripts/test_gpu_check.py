@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from scripts import gpu_check
+from scripts.gpu import check as gpu_check
+from scripts.gpu import steps as gpu_steps
 from tasks.config import REPO_ROOT
 
 
@@ -20,27 +21,27 @@ def run_python(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_what_the_check_runs_imports_without_the_service_packages() -> None:
-    result = run_python("-m", "scripts.gpu_imports", *gpu_check.test_modules(), gpu_check.BENCH_MODULE)
+    result = run_python("-m", "scripts.gpu.imports", *gpu_check.test_modules(), gpu_steps.ENGINE_BENCH_MODULE)
     assert result.returncode == 0, result.stderr
 
 
 def test_a_service_import_is_refused() -> None:
-    result = run_python("-m", "scripts.gpu_imports", "tasks.celery_app")
+    result = run_python("-m", "scripts.gpu.imports", "tasks.celery_app")
     assert result.returncode != 0
     assert "celery is a service package, which the GPU check must not need" in result.stderr
 
 
 def test_the_gpu_tests_collect_with_the_service_packages_blocked() -> None:
-    pytest_args = ["-m", "pytest", "-p", "scripts.gpu_imports", "-p", "no:cacheprovider", "-m", "gpu"]
-    result = run_python(*pytest_args, "--collect-only", "-q", *gpu_check.GPU_TEST_FILES)
+    pytest_args = ["-m", "pytest", "-p", "scripts.gpu.imports", "-p", "no:cacheprovider", "-m", "gpu"]
+    result = run_python(*pytest_args, "--collect-only", "-q", *gpu_steps.GPU_TEST_FILES)
     assert result.returncode == 0, result.stdout + result.stderr
     collected = [line for line in result.stdout.splitlines() if "::" in line]
-    assert {line.split("::")[0] for line in collected} == set(gpu_check.GPU_TEST_FILES)  # every file has gpu tests
+    assert {line.split("::")[0] for line in collected} == set(gpu_steps.GPU_TEST_FILES)  # every file has gpu tests
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_without_cuda_the_check_says_so_and_stops(capsys: pytest.CaptureFixture) -> None:
-    assert gpu_check.main(["--out", "unused.md"]) == 2
+    assert gpu_check.main(["--device", "cuda", "--out-dir", "unused"]) == 2
     assert "sees no CUDA device" in capsys.readouterr().out
 
 

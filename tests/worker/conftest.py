@@ -16,7 +16,8 @@ from worker.engine.model_runner import ModelRunner
 
 @pytest.fixture(scope="session")
 def tiny_config(tiny_model_dir: Path) -> Config:
-    return Config(model=str(tiny_model_dir), device="cpu", max_num_seqs=32, kv_cache_tokens=16384)
+    sae_root = str(tiny_model_dir.parent / "saes")  # where tiny_sae_root builds its SAE
+    return Config(model=str(tiny_model_dir), device="cpu", max_num_seqs=32, kv_cache_tokens=16384, sae_root=sae_root)
 
 
 @pytest.fixture(scope="module")
