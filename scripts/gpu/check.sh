@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one-command GPU check (`make gpu-check`): see scripts/gpu/check.py for what it runs.
 #
-#   scripts/gpu/check.sh OUT_DIR [BUNDLE] [DEVICE]    (DEVICE cuda or cpu; PYTHON=... picks the interpreter)
+#   scripts/gpu/check.sh OUT_DIR [BUNDLE] [DEVICE]    (DEVICE cuda or cpu; PYTHON=... picks the interpreter;
+#                                                      GPU_STEPS=a,c runs only those steps)
 #
 # On a machine without the service's packages (the lent GPU machine), the bundle's wheels are installed into a
 # folder of their own, with no network, and put on PYTHONPATH; where they are importable already, nothing is installed.
@@ -25,4 +26,4 @@ if [ -d "$bundle/wheels" ] && ! "$python" -c 'import celery, flask, sqlalchemy' 
     export PATH="$site/bin:$PATH"
 fi
 export PYTHONPATH=".${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}"
-exec "$python" -m scripts.gpu.check --device "$device" --out-dir "$out_dir" --bundle "$bundle"
+exec "$python" -m scripts.gpu.check --device "$device" --out-dir "$out_dir" --bundle "$bundle" ${GPU_STEPS:+--steps "$GPU_STEPS"}
