@@ -77,8 +77,8 @@ def check_steps(device: str, out_dir: Path, scratch: Path, model_dir: Path) -> l
              (python, "-m", "scripts.gpu.service_check", "--device", device, "--model", str(model_dir),
               "--out", str(out_dir / "service.md")), 300, report_path=out_dir / "service.md"),
         Step("f", "engine against HF: bench/gpu.py",
-             (python, "-m", ENGINE_BENCH_MODULE, "--device", device, *engine_bench, "--out", str(out_dir / "engine.md"))
-             ,
+             (python, "-m", ENGINE_BENCH_MODULE, "--device", device, *engine_bench,
+              "--out", str(out_dir / "engine.md")),
              420, report_path=out_dir / "engine.md"),
         Step("f", "the service against the engine in process: bench/service_streams.py",
              (python, "-m", "bench.service_streams", "--out", str(out_dir / "streams.md"), *service_bench), 300,

@@ -95,7 +95,7 @@ class DecodeGraphs:
         hooks = HookSet.of(plan)
         if not self.hook_buffers.hooks.covers(hooks):
             self.hook_buffers.extend(hooks)
-            self._steps.clear()
+            self._forget_steps()
             covered = self.hook_buffers.hooks
             logger.info(
                 "decode graphs are captured again, steering at %s and reading at %s",
@@ -109,6 +109,14 @@ class DecodeGraphs:
         self.hook_buffers.load(plan, num_rows)
         logits = replayable.replay()[:num_rows]
         return logits, self.hook_buffers.read(plan, num_rows)
+
+    def _forget_steps(self) -> None:
+        """Drops every recorded step, to be recorded again. Dropping the last graph of a memory pool frees the pool,
+        and capturing into a freed pool's handle fails an assertion in CUDA's caching allocator (seen on an H100 with
+        torch 2.11), so the steps recorded from now on share a new pool."""
+        self._steps.clear()
+        if self.mode is GraphMode.CAPTURE:
+            self._pool = torch.cuda.graph_pool_handle()
 
     def _step(self, bucket: int) -> ReplayableStep:
         replayable = self._steps.get(bucket)
