@@ -46,7 +46,9 @@ FAMILY_LAYOUTS: dict[str, FamilyLayout] = {
     ),
     "gpt2": FamilyLayout("transformer.h", "attn.c_proj", attention_out="attn", mlp_input="ln_2"),
     "gpt_neox": FamilyLayout("gpt_neox.layers", "attention.dense", attention_out="attention"),
-    "opt": FamilyLayout("model.decoder.layers", attention_projection="self_attn.out_proj", mlp_out="fc2"),
+    "opt": FamilyLayout(
+        "model.decoder.layers", attention_projection="self_attn.out_proj", mlp_out="fc2", mlp_input="final_layer_norm"
+    ),
 }
 
 
