@@ -7,69 +7,24 @@ resid_pre at once)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import torch
-from torch import nn
 from transformers import PreTrainedModel
 
 from steering.batch_hooks import BatchHooks
-from steering.hook_points import ATTN_OUT, ATTN_Z, MLP_OUT, RESID_MID, RESID_POST, RESID_PRE, HookPoint, point_width
+from steering.hook_points import ATTN_OUT, MLP_OUT, RESID_MID, RESID_POST, RESID_PRE, HookPoint, point_width
 from steering.model_layout import ModelLayout
 from steering.sae import SAE
 from steering.sae_config import SAEConfig
 from steering.sae_math import encode, top_k_activations
 from steering.step_plan import MonitorTap, StepPlan, build_steering_table
+from tests.steering.reference_hooks import READ_SITES, reference_hook, reference_module
 from tests.steering.sae_folders import random_tensors
 from tests.worker.family_configs import FAMILIES, build_family_model
 
 LAYER = 1
 LENGTH = 12  # tokens per row; two rows
-POST_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2")  # attention and MLP outputs pass a norm before the residual
-READ_SITES = (RESID_PRE, ATTN_Z, ATTN_OUT, MLP_OUT, RESID_POST)  # those with one module to hook in HF
-
-
-def decoder_layer(model: PreTrainedModel, family: str) -> nn.Module:
-    if family == "gpt2":
-        return model.transformer.h[LAYER]
-    if family == "gpt_neox":
-        return model.gpt_neox.layers[LAYER]
-    if family == "opt":
-        return model.model.decoder.layers[LAYER]
-    return model.model.layers[LAYER]
-
-
-def reference_module(model: PreTrainedModel, family: str, site: str) -> tuple[nn.Module, bool]:
-    """The HF module holding `site` of layer LAYER, and whether the site is its input (else its output)."""
-    layer = decoder_layer(model, family)
-    if site in (RESID_PRE, RESID_POST):
-        return layer, site == RESID_PRE
-    if site == ATTN_Z:
-        by_family = {"gpt2": "attn.c_proj", "gpt_neox": "attention.dense", "opt": "self_attn.out_proj"}
-        owner, name = by_family.get(family, "self_attn.o_proj").split(".")
-        return getattr(getattr(layer, owner), name), True
-    if family in POST_NORM_FAMILIES:
-        return (layer.post_attention_layernorm if site == ATTN_OUT else layer.post_feedforward_layernorm), False
-    if site == ATTN_OUT:
-        return getattr(layer, {"gpt2": "attn", "gpt_neox": "attention"}.get(family, "self_attn")), False
-    return getattr(layer, "fc2" if family == "opt" else "mlp"), False
-
-
-def reference_hook(module: nn.Module, is_input: bool, edit: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """A hook applying `edit` to the module's input or output tensor (first of a tuple)."""
-
-    def on_input(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if args:
-            return (edit(args[0]), *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": edit(kwargs["hidden_states"])}
-
-    def on_output(_: nn.Module, args: tuple, output: Any) -> Any:
-        return (edit(output[0]), *output[1:]) if isinstance(output, tuple) else edit(output)
-
-    if is_input:
-        return module.register_forward_pre_hook(on_input, with_kwargs=True)
-    return module.register_forward_hook(on_output)
 
 
 def add_to_second_row(delta: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -124,7 +79,7 @@ def test_monitors_read_what_a_reference_hook_reads(
     point = HookPoint(LAYER, site)
     width = point_width(hooks.layout, point)
     seen: list[torch.Tensor] = []
-    handle = reference_hook(*reference_module(model, family, site), lambda hidden: seen.append(hidden) or hidden)
+    handle = reference_hook(*reference_module(model, family, LAYER, site), lambda hidden: seen.append(hidden) or hidden)
     sae = random_sae(width)
     positions = torch.arange(2 * LENGTH)
     captured = torch.zeros(2 * LENGTH, width)
@@ -146,7 +101,7 @@ def test_steering_one_row_equals_a_reference_hook(
     point = HookPoint(LAYER, site)
     delta = torch.randn(point_width(hooks.layout, point), generator=torch.Generator().manual_seed(5))
     plain = run(model, input_ids)
-    handle = reference_hook(*reference_module(model, family, site), add_to_second_row(delta))
+    handle = reference_hook(*reference_module(model, family, LAYER, site), add_to_second_row(delta))
     expected = run(model, input_ids)
     handle.remove()
     hooks.set_step(StepPlan(steering={point: build_steering_table(token_rows(), [None, delta], torch.float32)}))
