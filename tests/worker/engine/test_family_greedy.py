@@ -1,7 +1,8 @@
 """Families not shaped like Llama (GPT-2's Conv1D and learned positions, GPT-NeoX's partial rotary and parallel
-residual, OPT's positions offset by 2, Gemma's scaled embeddings) and the Llama-shaped ones decode greedily what HF
-`generate` does on the same weights, in float32: prompts prefilled in several chunks, alone and batched with other
-lengths, with a prefix-cache hit and speculative verify chunks, on every CPU attention backend."""
+residual, OPT's positions offset by 2, Gemma's scaled embeddings) decode greedily what HF `generate` does on the same
+weights, in float32, on every CPU attention backend, and the Llama-shaped and MoE families on the default one: prompts
+prefilled in several chunks, alone and batched with other lengths, with a prefix-cache hit and speculative verify
+chunks."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from worker.engine.interface import EngineRequest
 from worker.engine.model_runner import ModelRunner
 
 OTHER_LAYOUT_FAMILIES = ("gpt2", "gpt_neox", "opt", "gemma")
+MOE_FAMILIES = ("mixtral", "qwen3_moe")  # experts through HF's own modules
 BACKENDS = ("cpu_kernel", "sdpa", "triton")
 CHUNK = 16  # prefill chunk and KV block: the prompts below cross both
 _rng = random.Random(26)
@@ -35,7 +37,7 @@ def family_models(
 ) -> dict[str, tuple[Path, PreTrainedModel]]:
     """Each family's model folder and the same weights in HF, written once for the module."""
     root = tmp_path_factory.mktemp("families")
-    families = OTHER_LAYOUT_FAMILIES + LLAMA_SHAPED_FAMILIES
+    families = OTHER_LAYOUT_FAMILIES + LLAMA_SHAPED_FAMILIES + MOE_FAMILIES
     return {family: write_family_model(family, root / family, tiny_model_dir) for family in families}
 
 
@@ -92,8 +94,8 @@ def test_families_of_other_layouts_decode_as_hf_on_every_backend(
     check_family_matches_hf(runner, config, reference, caplog)
 
 
-@pytest.mark.parametrize("family", LLAMA_SHAPED_FAMILIES)
-def test_llama_shaped_families_decode_as_hf(
+@pytest.mark.parametrize("family", LLAMA_SHAPED_FAMILIES + MOE_FAMILIES)
+def test_llama_shaped_and_moe_families_decode_as_hf(
     family: str, family_models: dict[str, tuple[Path, PreTrainedModel]], caplog: pytest.LogCaptureFixture
 ) -> None:
     folder, reference = family_models[family]
