@@ -22,22 +22,24 @@ class SteeringTable:
     """Adds deltas[token_rows[n]] to token n; an unsteered row's delta is zeros, so its tokens get exactly +0."""
 
     token_rows: torch.Tensor  # [N] long: the row (request) of each packed token
-    deltas: torch.Tensor  # [R, hidden] in the model's dtype
+    deltas: torch.Tensor  # [R, width] in the model's dtype: the hook point's width
 
     def __post_init__(self) -> None:
         if self.token_rows.dim() != 1 or self.token_rows.dtype != torch.long:
             raise ValueError("SteeringTable.token_rows must be a 1-D long tensor [N]")
         if self.deltas.dim() != 2:
-            raise ValueError("SteeringTable.deltas must be a 2-D tensor [R, hidden]")
+            raise ValueError("SteeringTable.deltas must be a 2-D tensor [R, width]")
 
-    def apply(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> [N, hidden], one gather and one add whatever the mix of rows."""
+    def apply(self, hidden: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """hidden [N, width] -> [N, width] plus each token's delta times `scale`, one gather and one add whatever the
+        mix of rows."""
         if hidden.shape[0] != self.token_rows.shape[0]:
             raise ValueError(f"steering table covers {self.token_rows.shape[0]} tokens, the step has {hidden.shape[0]}")
         # A float32 delta would silently promote a bfloat16 residual stream for every later layer.
         if self.deltas.dtype != hidden.dtype:
             raise ValueError(f"steering deltas are {self.deltas.dtype}, the residual stream is {hidden.dtype}")
-        return hidden + self.deltas.index_select(0, self.token_rows)
+        deltas = self.deltas.index_select(0, self.token_rows)  # [N, width]
+        return hidden + deltas if scale == 1.0 else hidden + deltas * scale
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class StepPlan:
     steering: Mapping[HookPoint, SteeringTable] = field(default_factory=dict)
     monitors: Mapping[HookPoint, Sequence[MonitorTap]] = field(default_factory=dict)
     stats: Mapping[HookPoint, Sequence[StatsTap]] = field(default_factory=dict)
-    # The residual at the point (after its steering) copied into this [N, hidden] buffer: a CUDA graph records the
+    # The residual at the point (after its steering) copied into this [N, width] buffer: a CUDA graph records the
     # copy, and the monitors read the buffer after each replay (worker/engine/graphs/graph_hooks.py).
     captures: Mapping[HookPoint, torch.Tensor] = field(default_factory=dict)
 
@@ -95,7 +97,7 @@ def build_steering_table(
     token_rows: torch.Tensor, row_deltas: Sequence[torch.Tensor | None], dtype: torch.dtype
 ) -> SteeringTable | None:
     """The table for one hook point: token_rows [N] gives each packed token's row (request), as the engine's
-    step already has it; row_deltas gives each row's [hidden] delta, or None when the row is unsteered.
+    step already has it; row_deltas gives each row's [width] delta, or None when the row is unsteered.
 
     None when no row is steered there, so the hook point can be left out of the plan.
     """
@@ -103,5 +105,5 @@ def build_steering_table(
     if not steered:
         return None
     zeros = torch.zeros_like(steered[0])
-    deltas = torch.stack([zeros if delta is None else delta for delta in row_deltas])  # [R, hidden]
+    deltas = torch.stack([zeros if delta is None else delta for delta in row_deltas])  # [R, width]
     return SteeringTable(token_rows, deltas.to(device=token_rows.device, dtype=dtype))

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from steering.hook_points import check_sae_fits
+from steering.model_layout import ModelLayout
 from steering.registry import SAEListing, SAERegistry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def test_output_is_listed_and_fits_the_model(sae_root: Path, tiny_model_dir: Pat
     assert registry.listings() == [
         SAEListing("tiny/resid_post_2", "blocks.2.hook_resid_post", model.config.hidden_size, 512, "standard")
     ]
-    check_sae_fits(model, registry.get("tiny/resid_post_2").config)
+    check_sae_fits(ModelLayout.of(model), registry.get("tiny/resid_post_2").config)
 
 
 def test_cfg_is_sae_lens_6_shaped(sae_root: Path) -> None:

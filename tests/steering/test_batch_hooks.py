@@ -10,7 +10,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from steering.batch_hooks import BatchHooks
-from steering.hook_points import HookPoint, check_sae_fits
+from steering.hook_points import RESID_POST, RESID_PRE, HookPoint, check_sae_fits
+from steering.model_layout import LLAMA_LAYOUT, ModelLayout
 from steering.registry import SAERegistry
 from steering.running_stats import RunningFeatureStats
 from steering.sae import SAE
@@ -37,7 +38,7 @@ def sae(tiny_sae_root: Path) -> SAE:
 
 @pytest.fixture
 def hooks(tiny_model: PreTrainedModel) -> Iterator[BatchHooks]:
-    hooks = BatchHooks(tiny_model)
+    hooks = BatchHooks(ModelLayout.of(tiny_model))
     yield hooks
     hooks.close()
 
@@ -68,7 +69,7 @@ def test_unsteered_rows_are_bit_identical_to_a_run_without_hooks(
 ) -> None:
     plain = logits(tiny_model, input_ids)
     direction, _ = demo_direction(sae, steering_demo)
-    hooks.set_step(StepPlan(steering={HookPoint(2, "post"): steer_row(input_ids, 1, direction)}))
+    hooks.set_step(StepPlan(steering={HookPoint(2, RESID_POST): steer_row(input_ids, 1, direction)}))
     steered = logits(tiny_model, input_ids)
     hooks.clear()
     assert torch.equal(steered[0], plain[0]) and torch.equal(steered[2], plain[2])
@@ -80,7 +81,9 @@ def test_steering_raises_the_features_token(
 ) -> None:
     plain = logits(tiny_model, input_ids)
     direction, token_id = demo_direction(sae, steering_demo)
-    hooks.set_step(StepPlan(steering={check_sae_fits(tiny_model, sae.config): steer_row(input_ids, 1, direction)}))
+    hooks.set_step(
+        StepPlan(steering={check_sae_fits(ModelLayout.of(tiny_model), sae.config): steer_row(input_ids, 1, direction)})
+    )
     steered = logits(tiny_model, input_ids)
     hooks.clear()
     assert bool((steered[1, :, token_id] > plain[1, :, token_id] + 1.0).all())
@@ -94,7 +97,7 @@ def test_packed_single_sequence_is_steered_the_same_way(
     direction, token_id = demo_direction(sae, steering_demo)
     packed = input_ids[1:2]  # [1, N]: the engine's layout, one request
     table = build_steering_table(packed_rows([packed.shape[1]]), [direction], torch.float32)
-    hooks.set_step(StepPlan(steering={HookPoint(2, "post"): table}))
+    hooks.set_step(StepPlan(steering={HookPoint(2, RESID_POST): table}))
     steered = logits(tiny_model, packed)
     hooks.clear()
     assert steered[0, -1].argmax().item() == token_id
@@ -105,9 +108,9 @@ def test_steering_layer_input_equals_steering_previous_layer_output(
 ) -> None:
     direction, _ = demo_direction(sae, steering_demo)
     table = steer_row(input_ids, 0, direction)
-    hooks.set_step(StepPlan(steering={HookPoint(2, "post"): table}))
+    hooks.set_step(StepPlan(steering={HookPoint(2, RESID_POST): table}))
     after_layer_2 = logits(tiny_model, input_ids)
-    hooks.set_step(StepPlan(steering={HookPoint(3, "pre"): table}))
+    hooks.set_step(StepPlan(steering={HookPoint(3, RESID_PRE): table}))
     before_layer_3 = logits(tiny_model, input_ids)
     hooks.clear()
     assert torch.equal(after_layer_2, before_layer_3)
@@ -121,7 +124,7 @@ def test_monitor_top_k_equals_encoding_the_hidden_states_directly(
     last_of_row_2 = torch.tensor([3 * length - 1])
     subset = torch.tensor([5, 100, 200, 300, 400, 500])
     taps = [MonitorTap("a", sae, all_of_row_0, top_k=5), MonitorTap("b", sae, last_of_row_2, 3, subset)]
-    hooks.set_step(StepPlan(monitors={HookPoint(2, "post"): taps}))
+    hooks.set_step(StepPlan(monitors={HookPoint(2, RESID_POST): taps}))
     logits(tiny_model, input_ids)
     results = hooks.take_monitor_results()
     hooks.clear()
@@ -141,7 +144,7 @@ def test_a_steered_request_sees_its_feature_fire_while_a_neighbour_does_not(
 ) -> None:
     direction, _ = demo_direction(sae, steering_demo)
     length = input_ids.shape[1]
-    point = HookPoint(2, "post")
+    point = HookPoint(2, RESID_POST)
     taps = [
         MonitorTap(key, sae, torch.tensor([(row + 1) * length - 1]), top_k=3) for key, row in (("r0", 0), ("r1", 1))
     ]
@@ -157,7 +160,7 @@ def test_stats_tap_accumulates_chosen_features_over_every_token(
     tiny_model: PreTrainedModel, hooks: BatchHooks, input_ids: torch.Tensor, sae: SAE
 ) -> None:
     stats = RunningFeatureStats(TINY_SAE_ID, [7, 3, 400])
-    hooks.set_step(StepPlan(stats={HookPoint(2, "post"): [StatsTap(sae, stats)]}))
+    hooks.set_step(StepPlan(stats={HookPoint(2, RESID_POST): [StatsTap(sae, stats)]}))
     logits(tiny_model, input_ids)
     hooks.clear()
     with torch.inference_mode():
@@ -175,11 +178,11 @@ def test_without_a_plan_the_hooks_change_nothing(
     plain = logits(tiny_model, input_ids)
     direction, _ = demo_direction(sae, steering_demo)
     table = steer_row(input_ids, 1, direction)
-    hooks.set_step(StepPlan(steering={HookPoint(1, "pre"): table, HookPoint(2, "post"): table}))
+    hooks.set_step(StepPlan(steering={HookPoint(1, RESID_PRE): table, HookPoint(2, RESID_POST): table}))
     hooks.clear()
-    assert hooks.installed == {HookPoint(1, "pre"), HookPoint(2, "post")}
+    assert hooks.installed == {HookPoint(1, RESID_PRE), HookPoint(2, RESID_POST)}
     assert torch.equal(logits(tiny_model, input_ids), plain)
-    hooks.set_step(StepPlan(steering={HookPoint(1, "pre"): table}))
+    hooks.set_step(StepPlan(steering={HookPoint(1, RESID_PRE): table}))
     hooks.close()
     assert torch.equal(logits(tiny_model, input_ids), plain)
 
@@ -188,7 +191,7 @@ def test_a_table_for_another_step_size_is_refused(
     tiny_model: PreTrainedModel, hooks: BatchHooks, input_ids: torch.Tensor
 ) -> None:
     table = build_steering_table(packed_rows([4]), [torch.ones(128)], torch.float32)
-    hooks.set_step(StepPlan(steering={HookPoint(0, "post"): table}))
+    hooks.set_step(StepPlan(steering={HookPoint(0, RESID_POST): table}))
     with pytest.raises(ValueError, match="steering table covers 4 tokens, the step has"):
         logits(tiny_model, input_ids)
     hooks.clear()
@@ -206,7 +209,7 @@ def test_a_table_in_another_dtype_is_refused(
     tiny_model: PreTrainedModel, hooks: BatchHooks, input_ids: torch.Tensor
 ) -> None:
     table = build_steering_table(packed_rows([input_ids.numel()]), [torch.ones(128)], torch.float64)
-    hooks.set_step(StepPlan(steering={HookPoint(0, "post"): table}))
+    hooks.set_step(StepPlan(steering={HookPoint(0, RESID_POST): table}))
     with pytest.raises(ValueError, match=r"steering deltas are torch\.float64, the residual stream is torch\.float32"):
         logits(tiny_model, input_ids)
     hooks.clear()
@@ -222,14 +225,16 @@ def test_monitor_taps_refuse_bad_positions_and_top_k(sae: SAE) -> None:
 def test_plan_refuses_repeated_monitor_keys(sae: SAE) -> None:
     tap = MonitorTap("same", sae, torch.tensor([0]), top_k=1)
     with pytest.raises(ValueError, match="its own key"):
-        StepPlan(monitors={HookPoint(2, "post"): [tap], HookPoint(1, "pre"): [tap]})
+        StepPlan(monitors={HookPoint(2, RESID_POST): [tap], HookPoint(1, RESID_PRE): [tap]})
 
 
 def test_hooks_past_the_last_layer_are_refused(hooks: BatchHooks) -> None:
     with pytest.raises(ValueError, match="past the model's 4 layers"):
         hooks.set_step(
             StepPlan(
-                steering={HookPoint(4, "pre"): build_steering_table(packed_rows([1]), [torch.ones(128)], torch.float32)}
+                steering={
+                    HookPoint(4, RESID_PRE): build_steering_table(packed_rows([1]), [torch.ones(128)], torch.float32)
+                }
             )
         )
 
@@ -244,18 +249,19 @@ class TupleLayer(torch.nn.Module):
 class TupleModel(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.model = torch.nn.Module()
-        self.model.layers = torch.nn.ModuleList([TupleLayer()])
+        self.layers = torch.nn.ModuleList([TupleLayer()])
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.model.layers[0](hidden_states=hidden_states)[0]
+        return self.layers[0](hidden_states=hidden_states)[0]
 
 
 def test_keyword_inputs_and_tuple_outputs_are_steered() -> None:
     model = TupleModel()
-    hooks = BatchHooks(model)
+    hooks = BatchHooks(
+        ModelLayout(model.layers, LLAMA_LAYOUT, hidden_size=3, has_resid_mid=True, residual_multiplier=1)
+    )
     table = build_steering_table(packed_rows([1, 2]), [torch.ones(3), None], torch.float32)
-    hooks.set_step(StepPlan(steering={HookPoint(0, "pre"): table, HookPoint(0, "post"): table}))
+    hooks.set_step(StepPlan(steering={HookPoint(0, RESID_PRE): table, HookPoint(0, RESID_POST): table}))
     steered = model(torch.zeros(1, 3, 3))  # (0 + 1) * 2 + 1 on row 0's token, 0 on row 1's
     hooks.close()
     assert steered[0, :, 0].tolist() == [3.0, 0.0, 0.0]

@@ -7,14 +7,16 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from scheduler.batch import Batch, ScheduledChunk
 from steering.batch_hooks import BatchHooks
-from steering.hook_points import hidden_size
+from steering.hook_points import point_width
+from steering.model_layout import ModelLayout
 from tasks.config import Config
 from tasks.steering_messages import MonitoredPosition
 from worker.engine.attention.backend import AttentionBackend, resolve_attention_backend
@@ -24,6 +26,7 @@ from worker.engine.attention.paged_step import PagedStep, build_paged_step
 from worker.engine.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
 from worker.engine.cpu_weight_layout import store_linear_weights_column_major
 from worker.engine.graphs.graph_mode import GraphMode, resolve_graph_mode
+from worker.engine.model_support import check_model_supported
 from worker.engine.sampler import Argmax, torch_argmax
 from worker.engine.speculation.draft_weights import load_draft_weights
 from worker.engine.transfers import to_device
@@ -105,14 +108,18 @@ class ModelRunner:
         # one registered function serves sdpa, cpu_kernel and triton: it goes by the metadata each step carries
         hf_attention = FLASH_BACKEND if self.is_flash else SDPA_BACKEND
         started = time.perf_counter()
+        model_config = AutoConfig.from_pretrained(config.model)
+        self.max_model_len = config.max_model_len or int(model_config.max_position_embeddings)
+        check_model_supported(config.model, model_config, self.max_model_len)  # before any weights load
         self.model = AutoModelForCausalLM.from_pretrained(
-            config.model, dtype=self.dtype, attn_implementation=hf_attention
+            config.model, config=model_config, dtype=self.dtype, attn_implementation=hf_attention
         )
         self.model.to(self.device).eval()
         self.eos_token_ids = read_eos_token_ids(self.model)
-        self.max_model_len = config.max_model_len or int(self.model.config.max_position_embeddings)
         self.draft_model: PreTrainedModel | None = None  # SPECULATIVE_DRAFT_MODEL's, with its own pool of our blocks
         if config.speculative_draft_model:
+            draft = config.speculative_draft_model
+            check_model_supported(draft, AutoConfig.from_pretrained(draft), self.max_model_len)
             self.draft_model = load_draft_weights(
                 config.speculative_draft_model,
                 self.model.config,
@@ -128,8 +135,9 @@ class ModelRunner:
         self.kv_pool, self.draft_kv_pool = self._allocate_kv_pools(config, cpu_kernel, graph_mode is not None)
         kernel = self.kv_pool.decode_kernel
         self.argmax: Argmax = kernel.argmax if kernel is not None else torch_argmax  # of the logits run() returns
-        self.saes = SAEAttachments(self.model, config, self.device, self.dtype)
-        self._hooks = BatchHooks(self.model)
+        layout = ModelLayout.of(self.model)
+        self.saes = SAEAttachments(layout, config, self.device, self.dtype)
+        self._hooks = BatchHooks(layout)
         self._compiled: CompiledLogits | None = None
         self._is_compiled_warm = False
         self._graphs: DecodeGraphs | None = None  # run() asks before they are loaded: the compiled warm-up runs steps
@@ -201,7 +209,8 @@ class ModelRunner:
 
         pool, max_len = self.kv_pool, self.max_model_len
         buffers = DecodeBuffers(pool, max_num_seqs, -(-max_len // pool.block_size), self.device)
-        hook_buffers = GraphHookBuffers(hidden_size(self.model), max_num_seqs, self.dtype, self.device)
+        layout = self._hooks.layout
+        hook_buffers = GraphHookBuffers(partial(point_width, layout), max_num_seqs, self.dtype, self.device)
         graphs = DecodeGraphs(
             lambda step: paged_forward(self.model, step, pool),
             self._hooks,

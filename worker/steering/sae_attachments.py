@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from steering.hook_points import HookPoint, check_sae_fits, decoder_layers, hidden_size
+from steering.hook_points import RESID_POST, HookPoint, check_sae_fits
+from steering.model_layout import ModelLayout
 from steering.registry import SAEListing, SAERegistry
 from steering.sae import SAE
 from steering.sae_config import SAEConfig
@@ -30,19 +30,19 @@ class AttachedSAE:
 class SAEAttachments:
     """Thread-safe: Celery threads resolve their requests' steering here while the engine thread runs."""
 
-    def __init__(self, model: nn.Module, config: Config, device: torch.device, dtype: torch.dtype) -> None:
-        self._model = model
+    def __init__(self, layout: ModelLayout, config: Config, device: torch.device, dtype: torch.dtype) -> None:
+        self._layout = layout
         self.registry = SAERegistry(Path(config.sae_root), device, dtype)
         self._vector_root = Path(config.steering_vector_root)
-        self.num_layers = len(decoder_layers(model))
-        self.hidden_size = hidden_size(model)
+        self.num_layers = layout.num_layers
+        self.hidden_size = layout.hidden_size
         self.device = device
         self.dtype = dtype
 
     def attach(self, sae_id: str) -> AttachedSAE:
         """The SAE and where it hooks; raises SAELookupError or ValueError (files, or a mismatch with the model)."""
         config = SAEConfig.read(self.registry.resolve(sae_id))
-        point = check_sae_fits(self._model, config)
+        point = check_sae_fits(self._layout, config)
         return AttachedSAE(self.registry.get(sae_id), point)
 
     def listings(self) -> list[SAEListing]:
@@ -50,7 +50,7 @@ class SAEAttachments:
         fitting = []
         for listing in self.registry.listings():
             try:
-                check_sae_fits(self._model, SAEConfig.read(self.registry.resolve(listing.id)))
+                check_sae_fits(self._layout, SAEConfig.read(self.registry.resolve(listing.id)))
             except ValueError as exc:
                 logger.info("SAE %s does not fit the model: %s", listing.id, exc)
                 continue
@@ -60,7 +60,7 @@ class SAEAttachments:
     def vector_point(self, vector: SteeringVector) -> HookPoint:
         if not 0 <= vector.layer < self.num_layers:
             raise ValueError(f"steering vector layer {vector.layer} is outside [0, {self.num_layers})")
-        return HookPoint(vector.layer, "post")  # repeng adds its control vectors to decoder layer outputs
+        return HookPoint(vector.layer, RESID_POST)  # repeng adds its control vectors to decoder layer outputs
 
     def vector(self, vector: SteeringVector) -> torch.Tensor:
         """The vector's direction [hidden] (before its strength), float32 on the model's device."""

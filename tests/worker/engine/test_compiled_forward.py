@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request, RequestStatus
-from steering.hook_points import HookPoint
+from steering.hook_points import RESID_POST, HookPoint
 from worker.engine.compiled_forward import compile_model
 from worker.engine.model_runner import ModelRunner
 
@@ -52,7 +52,7 @@ def test_compiled_steps_match_eager_logits(
 
 
 def test_a_plain_step_removes_hooks_left_by_a_steered_one(compiled_endless_runner: ModelRunner) -> None:
-    compiled_endless_runner._hooks._install(HookPoint(1, "post"))  # as a steered step leaves them
+    compiled_endless_runner._hooks._install(HookPoint(1, RESID_POST))  # as a steered step leaves them
     assert compiled_endless_runner._hooks.installed
 
     compiled_endless_runner.run(mixed_batch((30, 40)))

@@ -10,7 +10,7 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
-from steering.hook_points import HookPoint
+from steering.hook_points import RESID_POST, RESID_PRE, HookPoint
 from steering.step_plan import MonitorTap, SteeringTable, StepPlan
 from worker.engine.attention.backend import AttentionBackend
 from worker.engine.attention.kv_pool import KVPool, KVShape
@@ -114,8 +114,8 @@ def test_a_padded_static_step_attends_as_the_unpadded_eager_step_and_writes_only
 
 
 def test_hook_buffers_hold_each_rows_delta_and_zeros_elsewhere_and_a_residual_buffer_per_read_point() -> None:
-    hidden, point, other = 6, HookPoint(1, "post"), HookPoint(0, "pre")
-    buffers = GraphHookBuffers(hidden, MAX_ROWS, torch.float32, CPU)
+    hidden, point, other = 6, HookPoint(1, RESID_POST), HookPoint(0, RESID_PRE)
+    buffers = GraphHookBuffers(lambda _: hidden, MAX_ROWS, torch.float32, CPU)
     deltas = torch.randn(3, hidden)
     deltas[1] = 0  # row 1 unsteered
     steering = {point: SteeringTable(torch.arange(3), deltas)}

@@ -1,14 +1,15 @@
 """Steering and monitoring inside captured decode graphs, without a Python branch on which rows steer.
 
 A graph records the SAE hooks' arithmetic once, at capture, so what varies per step must be data: at each hook point
-the graphs cover, the graph adds a static per-row delta buffer [max_rows, hidden] to the residual (a steered row's
-delta, zeros for unsteered and padding rows), and copies the residual into a static buffer that the monitors read
+the graphs cover, the graph adds a static per-row delta buffer [max_rows, width] to the activations there (a steered
+row's delta, zeros for unsteered and padding rows), and copies them into a static buffer that the monitors read
 after the replay. The points covered only grow: a step that steers or monitors somewhere new adds the point, and
 the graphs are captured again with it (DecodeGraphs drops them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,24 +40,32 @@ class HookSet:
 
 
 class GraphHookBuffers:
-    """The static delta and residual buffers of the hook points in `hooks`, for up to `max_rows` rows."""
+    """The static delta and residual buffers of the hook points in `hooks`, for up to `max_rows` rows, each as wide
+    as `point_width` says its point is."""
 
-    def __init__(self, hidden_size: int, max_rows: int, dtype: torch.dtype, device: torch.device) -> None:
-        self._shape = (max_rows, hidden_size)
+    def __init__(
+        self, point_width: Callable[[HookPoint], int], max_rows: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self._point_width = point_width
+        self._max_rows = max_rows
         self._dtype, self._device = dtype, device
         self._rows = torch.arange(max_rows, device=device)  # [max_rows]: decode row i is packed token i
         self.hooks = HookSet()
-        self._deltas: dict[HookPoint, torch.Tensor] = {}  # [max_rows, hidden], zero outside steered rows
-        self._residuals: dict[HookPoint, torch.Tensor] = {}  # [max_rows, hidden], written by each replay
+        self._deltas: dict[HookPoint, torch.Tensor] = {}  # [max_rows, width], zero outside steered rows
+        self._residuals: dict[HookPoint, torch.Tensor] = {}  # [max_rows, width], written by each replay
         self._nonzero: set[HookPoint] = set()  # delta buffers holding a steered row since they were last zeroed
 
     def extend(self, hooks: HookSet) -> None:
         """Covers `hooks` too, from the next capture on."""
         self.hooks = self.hooks.union(hooks)
         for point in self.hooks.steered - self._deltas.keys():
-            self._deltas[point] = torch.zeros(self._shape, dtype=self._dtype, device=self._device)
+            self._deltas[point] = self._zeros(point)
         for point in self.hooks.read - self._residuals.keys():
-            self._residuals[point] = torch.zeros(self._shape, dtype=self._dtype, device=self._device)
+            self._residuals[point] = self._zeros(point)
+
+    def _zeros(self, point: HookPoint) -> torch.Tensor:
+        shape = (self._max_rows, self._point_width(point))
+        return torch.zeros(shape, dtype=self._dtype, device=self._device)
 
     def capture_plan(self, bucket: int) -> StepPlan | None:
         """What the hooks record into a graph of `bucket` rows: an add of each delta buffer, a copy into each
@@ -79,7 +88,7 @@ class GraphHookBuffers:
                     deltas.zero_()
                     self._nonzero.discard(point)
                 continue
-            deltas[:num_rows].copy_(table.deltas.index_select(0, table.token_rows))  # [num_rows, hidden]
+            deltas[:num_rows].copy_(table.deltas.index_select(0, table.token_rows))  # [num_rows, width]
             deltas[num_rows:].zero_()
             self._nonzero.add(point)
 

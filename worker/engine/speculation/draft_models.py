@@ -9,6 +9,7 @@ import logging
 from torch import nn
 from transformers import PreTrainedModel
 
+from steering.model_layout import family_layout
 from tasks.config import Config
 from worker.engine.model_runner import ModelRunner
 from worker.engine.speculation.draft_proposer import DraftModel, DraftProposer
@@ -45,16 +46,19 @@ def self_draft(runner: ModelRunner, config: Config) -> DraftModel:
 
 
 def truncated_model(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
-    """A view of `model` whose decoder runs only its first `num_layers` layers; nothing is copied but module
-    containers. Needs the usual layout: the decoder (at `base_model_prefix`) keeps its layers in `layers`."""
-    decoder = getattr(model, model.base_model_prefix, None)
-    layers = getattr(decoder, "layers", None)
+    """A view of `model` whose decoder runs only its first `num_layers` layers; nothing is copied but the module
+    containers on the way to the layers (wherever the family keeps them: steering/model_layout.py)."""
+    *parents, name = family_layout(model.config.model_type).layers.split(".")
+    truncated = _with_own_children(model)
+    container = truncated
+    for parent in parents:
+        child = _with_own_children(getattr(container, parent))
+        setattr(container, parent, child)
+        container = child
+    layers = getattr(container, name)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(f"{type(model).__name__} keeps no decoder layers where a self-draft can find them")
-    truncated_decoder = _with_own_children(decoder)
-    truncated_decoder.layers = layers[:num_layers]
-    truncated = _with_own_children(model)
-    setattr(truncated, model.base_model_prefix, truncated_decoder)
+    setattr(container, name, layers[:num_layers])
     return truncated
 
 
