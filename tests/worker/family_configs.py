@@ -102,6 +102,8 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
 FAMILIES: tuple[str, ...] = tuple(FAMILY_FIELDS)
 # The families whose layers are Llama's with another name (no window, no soft-cap, no learned positions).
 LLAMA_SHAPED_FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "granite")
+OTHER_LAYOUT_FAMILIES = ("gpt2", "gpt_neox", "opt", "gemma")
+MOE_FAMILIES = ("mixtral", "qwen3_moe")  # experts through HF's own modules
 
 
 def family_config(family: str, **overrides: Any) -> PretrainedConfig:

@@ -15,13 +15,11 @@ from transformers import PreTrainedModel
 
 from tasks.config import Config
 from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_together
-from tests.worker.family_configs import LLAMA_SHAPED_FAMILIES, write_family_model
+from tests.worker.family_configs import LLAMA_SHAPED_FAMILIES, MOE_FAMILIES, OTHER_LAYOUT_FAMILIES
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineRequest
 from worker.engine.model_runner import ModelRunner
 
-OTHER_LAYOUT_FAMILIES = ("gpt2", "gpt_neox", "opt", "gemma")
-MOE_FAMILIES = ("mixtral", "qwen3_moe")  # experts through HF's own modules
 BACKENDS = ("cpu_kernel", "sdpa", "triton")
 CHUNK = 16  # prefill chunk and KV block: the prompts below cross both
 _rng = random.Random(26)
@@ -31,20 +29,11 @@ PROMPTS = [[*PREFIX, 7, 8, 9], [*PREFIX, 11, 12], LONG, [300]]
 MAX_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def family_models(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, tuple[Path, PreTrainedModel]]:
-    """Each family's model folder and the same weights in HF, written once for the module."""
-    root = tmp_path_factory.mktemp("families")
-    families = OTHER_LAYOUT_FAMILIES + LLAMA_SHAPED_FAMILIES + MOE_FAMILIES
-    return {family: write_family_model(family, root / family, tiny_model_dir) for family in families}
-
-
-def family_config(folder: Path, backend: str) -> Config:
+def family_config(folder: Path, backend: str, device: str = "cpu", dtype: str = "float32") -> Config:
     return Config(
         model=str(folder),
-        device="cpu",
+        device=device,
+        dtype=dtype,
         max_num_seqs=8,
         kv_cache_tokens=2048,
         kv_block_size=CHUNK,

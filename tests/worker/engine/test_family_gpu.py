@@ -1,0 +1,63 @@
+"""Every family the engine serves, on a CUDA device (`gpu` marker; the GPU check's step b): greedy tokens equal HF
+`generate` on the same device in float32 through the worker's CUDA path (the Triton kernels, decode steps in CUDA
+graphs, chunked prefill, a prefix-cache hit, speculative verify chunks), and in bfloat16 where float32's top token
+leads clearly (tests/worker/greedy_cases.py), so that bfloat16's rounding cannot flip one. On a CPU the same families
+are checked by test_family_greedy.py on every CPU backend."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from tests.worker.engine.test_family_greedy import (
+    PROMPTS,
+    check_family_matches_hf,
+    family_config,
+)
+from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_together
+from tests.worker.family_configs import LLAMA_SHAPED_FAMILIES, MOE_FAMILIES, OTHER_LAYOUT_FAMILIES
+from tests.worker.greedy_cases import MIN_RUN, clear_cases
+from worker.engine.interface import EngineRequest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+FAMILIES = OTHER_LAYOUT_FAMILIES + LLAMA_SHAPED_FAMILIES + MOE_FAMILIES
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float32_greedy_equals_hf_generate_on_cuda(
+    family: str,
+    family_models: dict[str, tuple[Path, PreTrainedModel]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    folder, reference = family_models[family]
+    config = family_config(folder, "auto", device="cuda")
+    runner = load_runner(config, stops_at_eos=False)
+    assert runner.attention_backend.value == "triton" and runner.graph_mode is not None
+    check_family_matches_hf(runner, config, reference.to("cuda"), caplog)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_greedy_equals_hf_generate_where_float32_leads_clearly(
+    family: str,
+    family_models: dict[str, tuple[Path, PreTrainedModel]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    folder, reference = family_models[family]
+    cases = clear_cases(reference.to("cuda"), PROMPTS)
+    if not cases:
+        pytest.skip(f"no run of {MIN_RUN} clear steps in this {family} model's float32 greedy text")
+    float32_tokens = [hf_greedy(reference, frozenset(), prompt, length) for prompt, length in cases]
+    bfloat16_reference = copy.deepcopy(reference).to(torch.bfloat16)  # `to` is in place: the fixture's stays float32
+    expected = [hf_greedy(bfloat16_reference, frozenset(), prompt, length) for prompt, length in cases]
+    assert expected == float32_tokens  # the margins held under HF's own bfloat16
+    config = family_config(folder, "auto", device="cuda", dtype="bfloat16")
+    serving = serve(load_runner(config, stops_at_eos=False), config, caplog)
+    engine = next(serving)
+    requests = [EngineRequest(f"req-{i}", prompt, greedy(length)) for i, (prompt, length) in enumerate(cases)]
+    tokens = [collector.token_ids for collector in submit_together(engine, requests)]
+    next(serving, None)
+    assert tokens == expected
