@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.exposure import check_exposure
+from api.gate.exposure import check_exposure
 from api.gunicorn_errors import install as install_json_errors
 from api.observability.api_metrics import clear_multiprocess_dir
 from tasks.config import Config

@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from openai import OpenAI
 
 from scripts.stack import Stack, launcher_key
-from tasks.api_keys import revoke_key
 from tasks.config import REPO_ROOT, Config
-from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
+from tasks.store.api_keys import revoke_key
+from tasks.store.db import make_db_engine, make_session_factory
 
 logger = logging.getLogger("demo")
 QUESTIONS = ["what is 3 plus 4?", "name a color", "tell me about cats", "what is 2 plus 2?"]

@@ -22,8 +22,8 @@ import redis
 
 from bench.load import retry_after_of
 from tasks.config import REPO_ROOT, Config
-from tasks.db import upgrade_to_head
-from tasks.streams import renew_worker_lease
+from tasks.store.db import upgrade_to_head
+from tasks.streams.worker_leases import renew_worker_lease
 from tests.conftest import make_test_config
 
 NUM_STREAMS = 1000

@@ -18,7 +18,7 @@ import sqlalchemy
 
 from scripts.stack import Stack, launcher_key
 from tasks.config import REPO_ROOT
-from tasks.streams import live_workers, num_live_workers
+from tasks.streams.worker_leases import live_workers, num_live_workers
 from tests.conftest import make_test_config
 from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end
 from tests.service.http import auth

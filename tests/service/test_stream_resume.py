@@ -15,7 +15,7 @@ import requests
 
 from scripts.stack import Stack
 from tasks.config import REPO_ROOT
-from tasks.streams import RedisKeys
+from tasks.streams.redis_keys import RedisKeys
 from tests.service.http import auth
 from tests.service.sse import Frame, data_frames, read_frames
 from tests.service.test_streams import events

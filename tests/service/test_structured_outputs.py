@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from scripts.stack import Stack
-from tests.api.test_structured_validation import HISTORY, LANGCHAIN_STRUCTURED, LANGCHAIN_TOOLS
+from tests.api.structured.test_structured_validation import HISTORY, LANGCHAIN_STRUCTURED, LANGCHAIN_TOOLS
 from tests.service.batch_helpers import chat_line, client_for, read_jsonl, submit, wait_for_end
 from tests.service.http import auth
 

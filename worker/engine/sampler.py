@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks.messages import SamplingParams, TokenLogprob
+from tasks.messages.generation import SamplingParams, TokenLogprob
 from worker.engine.grammar.masks import mask_logits
 from worker.engine.grammar.matcher import RowGrammar, fill_bitmasks
 from worker.engine.step_readback import read_back

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tasks.messages import TokenLogprob
+from tasks.messages.generation import TokenLogprob
 from worker.engine.grammar.masks import NEG_INF
 from worker.engine.transfers import to_device, to_host
 

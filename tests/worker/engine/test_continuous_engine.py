@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.config import Config
-from tasks.messages import FinishReason, SamplingParams
+from tasks.messages.generation import FinishReason, SamplingParams
 from tests.worker.engine_harness import (
     SHORT_MAX_MODEL_LEN,
     TIMEOUT_S,

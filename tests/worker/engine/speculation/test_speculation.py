@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from scheduler.request import Request
 from tasks.config import Config
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineRequest
