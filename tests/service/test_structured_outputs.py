@@ -12,6 +12,7 @@ import requests
 
 from scripts.stack import Stack
 from tasks.messages.tool_calls import parse_reply
+from tests.api.structured.test_structured_validation import HISTORY, LANGCHAIN_STRUCTURED, LANGCHAIN_TOOLS
 from tests.service.batch_helpers import chat_line, client_for, read_jsonl, submit, wait_for_end
 from tests.service.http import auth
 
@@ -155,6 +156,7 @@ def test_auto_mode_reads_the_models_own_text_for_calls(stack: Stack) -> None:
         assert (choice.finish_reason == "tool_calls") == bool(expected.tool_calls)
 
 
+@pytest.mark.parametrize("body", [LANGCHAIN_STRUCTURED, LANGCHAIN_TOOLS, {"messages": HISTORY, "tools": TOOLS}])
 def test_langchain_shaped_requests(stack: Stack, body: dict) -> None:
     sent = {"model": stack.config.model_name, "max_tokens": 80, "temperature": 0, **body}
     response = requests.post(f"{stack.base_url}/v1/chat/completions", json=sent, headers=auth(stack), timeout=120)
