@@ -38,7 +38,8 @@ def load_model_info(config: Config) -> ModelInfo:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(config.model)
     model_config = _read_model_config(config.model)
     max_model_len = config.max_model_len or model_config["max_position_embeddings"]
-    tokenizer.model_max_length = int(max_model_len)  # what a prompt's characters are bounded by (api/chat/prompt_bounds.py)
+    # what a prompt's characters are bounded by (api/chat/prompt_bounds.py)
+    tokenizer.model_max_length = int(max_model_len)
     logger.info("tokenizer of %s loaded; max_model_len=%d", config.model, max_model_len)
     text_config = model_config.get("text_config") or model_config
     num_layers = int(text_config.get("num_hidden_layers", 0))
