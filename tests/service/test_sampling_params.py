@@ -65,8 +65,9 @@ def test_min_tokens_and_stop_token_ids_reach_the_engine(stack: Stack) -> None:
     client = client_for(stack)
     base = {"model": stack.config.model_name, "prompt": "the dog", "temperature": 0, "max_tokens": 40}
     natural = client.completions.create(**base)
-    held = client.completions.create(**base, extra_body={"min_tokens": natural.usage.completion_tokens + 4})
-    assert held.usage.completion_tokens >= natural.usage.completion_tokens + 4
+    num_held = natural.usage.completion_tokens + 4  # past where the model stops (or was cut off) on its own
+    held = client.completions.create(**{**base, "max_tokens": num_held + 4}, extra_body={"min_tokens": num_held})
+    assert held.usage.completion_tokens >= num_held
 
     tokens = client.completions.create(**{**base, "max_tokens": 8}, logprobs=0, extra_body={"ignore_eos": True})
     third_token_text = tokens.choices[0].logprobs.tokens[2]
