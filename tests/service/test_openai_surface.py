@@ -15,8 +15,8 @@ from sqlalchemy import update
 from scripts.stack import Stack
 from tasks.batches.models import FileRecord
 from tasks.store.db import make_db_engine, make_session_factory
+from tests.service.chat.test_openai_client import client_for
 from tests.service.http import auth
-from tests.service.test_openai_client import client_for
 
 MESSAGES = [{"role": "user", "content": "name a color"}]
 SPECIAL = re.compile(r"<\|[a-z_]+\|>")

@@ -1,6 +1,6 @@
 """/health/ready and /metrics on a real Redis and SQL, with a worker's lease and stats published the worker's way
 (tasks/streams/worker_leases.py, tasks/streams/worker_stats.py) instead of a whole worker: readiness and a worker's
-series follow the lease. The running stack's side is tests/service/test_metrics.py."""
+series follow the lease. The running stack's side is tests/service/observability/test_metrics.py."""
 
 from __future__ import annotations
 

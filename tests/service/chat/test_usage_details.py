@@ -6,7 +6,7 @@ from __future__ import annotations
 from openai.types import CompletionUsage
 
 from scripts.stack import Stack
-from tests.service.test_openai_client import client_for
+from tests.service.chat.test_openai_client import client_for
 
 SYSTEM = "You are a careful assistant. " * 12  # several KV blocks of shared prefix
 

@@ -7,7 +7,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from scripts.stack import Stack
-from tests.service.test_openai_client import client_for
+from tests.service.chat.test_openai_client import client_for
 
 MESSAGES = [{"role": "user", "content": "tell me a story about a cat"}]
 

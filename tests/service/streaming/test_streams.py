@@ -1,5 +1,5 @@
 """Resumable SSE: every frame carries an id, and Last-Event-ID replays exactly what came after it (leaving a stream
-and coming back: tests/service/test_stream_resume.py)."""
+and coming back: tests/service/streaming/test_stream_resume.py)."""
 
 from __future__ import annotations
 

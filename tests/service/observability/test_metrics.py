@@ -18,7 +18,7 @@ from scripts.stack import Stack
 from tests.service.conftest import TenantKeys
 from tests.service.http import auth, bearer
 from tests.service.sse import read_frames
-from tests.service.test_steering import SAE_ID, served  # noqa: F401 (the fixture: the stack once it lists the SAE)
+from tests.service.steering.test_steering import SAE_ID, served  # noqa: F401 (the fixture: the stack once it lists the SAE)
 
 NUM_REQUESTS = 3
 TTFT_COUNT = "steerbatch:time_to_first_token_seconds_count"

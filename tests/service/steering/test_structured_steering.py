@@ -10,7 +10,7 @@ import jsonschema
 
 from scripts.stack import Stack
 from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end
-from tests.service.test_steering import MAX_TOKENS, QUESTION, SAE_ID, blue, chat, served, text  # noqa: F401
+from tests.service.steering.test_steering import MAX_TOKENS, QUESTION, SAE_ID, blue, chat, served, text  # noqa: F401
 
 COLOR = {
     "type": "object",

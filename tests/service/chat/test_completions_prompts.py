@@ -10,7 +10,7 @@ from openai.types import Completion
 
 from scripts.stack import Stack
 from tests.service.batch_helpers import read_jsonl, submit, wait_for_end
-from tests.service.test_openai_client import client_for
+from tests.service.chat.test_openai_client import client_for
 
 TEXT_PROMPTS = ["the dog", "a cat sat on the", "once upon a time"]
 TOKEN_PROMPTS = [[1144, 875, 300, 674], [226, 454, 471, 88, 300]]

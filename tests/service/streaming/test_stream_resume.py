@@ -18,7 +18,7 @@ from tasks.config import REPO_ROOT
 from tasks.streams.redis_keys import RedisKeys
 from tests.service.http import auth
 from tests.service.sse import Frame, data_frames, read_frames
-from tests.service.test_streams import events
+from tests.service.streaming.test_streams import events
 
 SAMPLINGS = {"greedy": {"temperature": 0}, "seeded": {"temperature": 0.9, "seed": 1234}}
 

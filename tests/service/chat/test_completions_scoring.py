@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from scripts.stack import Stack
+from tests.service.chat.test_openai_client import client_for
 from tests.service.http import auth
-from tests.service.test_openai_client import client_for
 
 LM_EVAL_PROMPT = [1144, 875, 300, 674, 226, 454, 471, 88]
 TOLERANCE = 1e-4
