@@ -17,10 +17,10 @@ from api.gate.request_ids import add_request_id_header
 from api.gate.request_limits import register_request_limits
 from api.models import routes as model_routes
 from api.models.model_info import load_models
-from api.observability import health_routes, metrics_routes, version_routes
 from api.openapi import register_openapi
 from api.responses import routes as response_routes
 from api.services import Services, close_db_session
+from api.status import health_routes, metrics_routes, version_routes
 from api.steering import routes as steering_routes
 from api.steering import sae_routes
 from api.streaming.stream_hub import BLOCK_MS, StreamHub

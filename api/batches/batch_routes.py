@@ -17,11 +17,11 @@ from api.batches.lines import URL_ENDPOINTS
 from api.batches.pages import cursor_page, page_limit
 from api.batches.relay import batch_frames
 from api.batches.validation import batch_validator
-from api.chat.generation import json_body
 from api.chat.schemas import StrictModel
 from api.errors import APIError
 from api.gate.auth import current_principal
 from api.gate.idempotency import check_replay, commit_once, idempotency_key, request_hash
+from api.gate.request_limits import read_json_object
 from api.services import db_session, services
 from api.streaming.sse import last_event_id, sse_response
 from tasks.batches.events import publish_status, set_stop_flag
@@ -48,7 +48,7 @@ class BatchCreate(StrictModel):
 
 @bp.post("/v1/batches")
 def create_batch() -> Response:
-    body = json_body()
+    body = read_json_object()
     create = BatchCreate.model_validate(body)
     if create.endpoint not in URL_ENDPOINTS:
         raise APIError(400, f"endpoint must be one of {sorted(URL_ENDPOINTS)}", param="endpoint")

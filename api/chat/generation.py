@@ -18,7 +18,6 @@ from api.gate.admission import admit
 from api.gate.admission_hooks import release_admission_slot
 from api.gate.auth import current_principal
 from api.gate.request_ids import note_request_id
-from api.gate.request_limits import read_json_object
 from api.models.model_info import ModelInfo
 from api.services import db_session, services
 from api.steering.specs import steering_and_monitor
@@ -213,7 +212,3 @@ def _wait_for_final(record: RequestRecord, attachment: StreamAttachment) -> Stre
         on_idle=check_worker,
         on_tick=check_client,
     )
-
-
-def json_body() -> dict:
-    return read_json_object()  # size, content type, depth, numbers and strings checked (api/gate/request_limits.py)

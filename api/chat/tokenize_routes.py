@@ -5,11 +5,11 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify
 from pydantic import Field
 
-from api.chat.generation import json_body
 from api.chat.openai_extras import ChatTemplateFields
 from api.chat.prompts import chat_prompt_ids, completion_prompt_ids
 from api.chat.schemas import ChatMessage
 from api.errors import APIError
+from api.gate.request_limits import read_json_object
 from api.models.model_info import ModelInfo
 from api.services import model_info_for, services
 from api.structured.schemas import StrictModel
@@ -39,7 +39,7 @@ class Detokenize(StrictModel):
 @bp.post("/tokenize")
 def tokenize() -> Response:
     """`prompt` as /v1/completions tokenizes it, or `messages` as /v1/chat/completions renders and tokenizes them."""
-    body = json_body()
+    body = read_json_object()
     request = ChatTokenize.model_validate(body) if "messages" in body else PromptTokenize.model_validate(body)
     info = _served_model(request.model)
     if isinstance(request, ChatTokenize):
@@ -54,7 +54,7 @@ def tokenize() -> Response:
 
 @bp.post("/detokenize")
 def detokenize() -> Response:
-    request = Detokenize.model_validate(json_body())
+    request = Detokenize.model_validate(read_json_object())
     tokenizer = _served_model(request.model).tokenizer
     vocab_size = len(tokenizer)
     if any(not 0 <= token < vocab_size for token in request.tokens):

@@ -21,7 +21,7 @@ from tasks.store.api_keys import Scope, find_key, has_active_keys, key_digest, t
 from tasks.store.tenants import DEFAULT_TENANT
 
 logger = logging.getLogger(__name__)
-# the probes (api/observability/health_routes.py), and the API's contract: /openapi.json and its Swagger UI at /docs
+# the probes (api/status/health_routes.py), and the API's contract: /openapi.json and its Swagger UI at /docs
 # (api/openapi/), as vLLM serves them
 OPEN_ENDPOINTS = frozenset({"health.health", "health.ready", "openapi.document", "swagger_ui.show"})
 STATIC_KEY_NAME = "API_KEY"  # how logs name the key from the environment

@@ -1,5 +1,5 @@
 """The server's own answers as pydantic models, for the OpenAPI document only: the probes
-(api/observability/health_routes.py,
+(api/status/health_routes.py,
 api/observability/readiness.py), /version and vLLM's /tokenize and /detokenize (api/chat/tokenize_routes.py)."""
 
 from __future__ import annotations

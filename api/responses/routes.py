@@ -15,13 +15,13 @@ from sqlalchemy.orm import Session
 from api.chat.generation import (
     build_generate_request,
     cancel_generation,
-    json_body,
     record_and_enqueue,
     wait_for_finished,
 )
 from api.chat.prompts import chat_prompt_ids
 from api.errors import APIError
 from api.gate.auth import current_principal
+from api.gate.request_limits import read_json_object
 from api.models.model_info import ModelInfo
 from api.responses.conversation import chat_request, echoed_params, read_items, responses_params, stored_items
 from api.responses.objects import output_items, response_object
@@ -44,7 +44,7 @@ CANCEL_WAIT_S = 5.0  # how long a cancel waits for the worker to stop the respon
 
 @bp.post("/v1/responses")
 def create() -> Response:
-    body = json_body()
+    body = read_json_object()
     create_request = ResponseCreateRequest.model_validate(body)
     info = model_info_for(create_request.model)
     if create_request.background and not create_request.store:

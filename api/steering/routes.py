@@ -14,9 +14,9 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from api.chat.generation import json_body
 from api.errors import APIError
 from api.gate.auth import current_principal, require_admin
+from api.gate.request_limits import read_json_object
 from api.services import services
 from api.steering.schemas import SteeringBody, WorkerMonitorBody
 from api.steering.specs import steering_spec, worker_monitor_settings
@@ -64,7 +64,7 @@ def get_profile() -> Response:
 @bp.put("/v1/steering/profile")
 def put_profile() -> Response:
     tenant = _profile_tenant(is_write=True)
-    body = SteeringBody.model_validate(json_body())
+    body = SteeringBody.model_validate(read_json_object())
     svc = services()
     write_profile(svc.redis, svc.config, steering_spec(body, svc.model_info, prefix=""), tenant)
     return jsonify(_profile_object(tenant))
@@ -93,7 +93,7 @@ def get_monitor() -> Response:
 def put_monitor() -> Response:
     """Each PUT restarts the statistics (a new settings id), even with the same features."""
     require_admin("change the worker-wide monitor")
-    settings = worker_monitor_settings(WorkerMonitorBody.model_validate(json_body()))
+    settings = worker_monitor_settings(WorkerMonitorBody.model_validate(read_json_object()))
     svc = services()
     write_monitor_settings(svc.redis, svc.config, {**settings, "id": uuid.uuid4().hex})
     return jsonify(_monitor_object())
