@@ -7,35 +7,28 @@ import uuid
 
 from flask import Flask, Response, g
 
-from api.admission_gate import AdmissionGate, register_admission_gate
-from api.auth import authenticate
-from api.blueprints import (
-    batches,
-    chat,
-    completions,
-    files,
-    health,
-    metrics,
-    models,
-    requests,
-    responses_api,
-    saes,
-    steering,
-    tokenize,
-    version,
-)
+from api.batches import batch_routes, file_routes
+from api.chat import chat_routes, completion_routes, request_routes, tokenize_routes
 from api.errors import register_error_handlers
+from api.gate.admission_hooks import register_admission_gate
+from api.gate.admission_slots import AdmissionGate
+from api.gate.auth import authenticate
+from api.gate.request_ids import add_request_id_header
+from api.gate.request_limits import register_request_limits
+from api.models import routes as model_routes
+from api.models.model_info import load_models
 from api.openapi import register_openapi
-from api.prompts import load_models
-from api.request_ids import add_request_id_header
-from api.request_limits import register_request_limits
+from api.responses import routes as response_routes
 from api.services import Services, close_db_session
-from api.stream_hub import BLOCK_MS, StreamHub
+from api.status import health_routes, metrics_routes, version_routes
+from api.steering import routes as steering_routes
+from api.steering import sae_routes
+from api.streaming.stream_hub import BLOCK_MS, StreamHub
 from tasks.celery_app import create_celery
 from tasks.config import Config
-from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
-from tasks.streams import RedisKeys, connect_redis
+from tasks.store.db import make_db_engine, make_session_factory
+from tasks.streams.redis_keys import RedisKeys, connect_redis
 
 
 def create_app(config: Config | None = None) -> Flask:
@@ -55,19 +48,19 @@ def create_app(config: Config | None = None) -> Flask:
         admission_gate=AdmissionGate(config.admission_slots, config.admission_wait_s),
     )
     blueprints = (
-        chat,
-        completions,
-        metrics,
-        models,
-        requests,
-        files,
-        batches,
-        health,
-        saes,
-        steering,
-        tokenize,
-        version,
-        responses_api,
+        chat_routes,
+        completion_routes,
+        metrics_routes,
+        model_routes,
+        request_routes,
+        file_routes,
+        batch_routes,
+        health_routes,
+        sae_routes,
+        steering_routes,
+        tokenize_routes,
+        version_routes,
+        response_routes,
     )
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
 from api.observability.api_metrics import count_backend_error
-from tasks.messages import ErrorInfo
+from tasks.messages.generation import ErrorInfo
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.exposure import check_exposure
+from api.gate.exposure import check_exposure
 from api.gunicorn_errors import install as install_json_errors
 from api.observability.api_metrics import clear_multiprocess_dir
 from tasks.config import Config
@@ -22,6 +22,10 @@ worker_class = "gevent"
 worker_connections = _config.api_connections
 workers = 1
 graceful_timeout = 5
+# How long a connection may wait for its next request to be read, its first one included (gunicorn's async workers
+# time the first read too). Gunicorn's 2 s default closed connections that a burst kept the busy event loop from
+# reading in time: the client saw the connection close (or reset, with its request unread) and no answer at all.
+keepalive = 30
 accesslog = "-"  # method, path, status: never the Authorization header
 # gunicorn's defaults, named: beyond them gunicorn itself answers 414 or 431, in JSON (api/gunicorn_errors.py). No
 # route of ours needs a longer URL, and a long header would be a long key or Last-Event-ID, both bounded.

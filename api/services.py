@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
 from flask import current_app, g
 from sqlalchemy.orm import Session
 
-from api.prompts import ModelInfo
-from api.stream_hub import StreamHub
+from api.errors import APIError
+from api.gate.admission_slots import AdmissionGate
+from api.models.model_info import ModelInfo
+from api.streaming.stream_hub import StreamHub
 from tasks.config import Config
-from tasks.db import SessionFactory
-
-if TYPE_CHECKING:  # api/admission_gate.py reads the services itself
-    from api.admission_gate import AdmissionGate
+from tasks.store.db import SessionFactory
 
 
 @dataclass(frozen=True)
@@ -38,6 +36,20 @@ class Services:
 
 def services() -> Services:
     return current_app.extensions["steerbatch"]
+
+
+def model_info_for(name: str) -> ModelInfo:
+    """The served model `name`; 404 `model_not_found` (as OpenAI and vLLM answer) when it is not one."""
+    models = services().models
+    if name not in models:
+        served = ", ".join(f"`{served}`" for served in models)
+        raise APIError(
+            404,
+            f"The model `{name}` does not exist. This server serves {served}.",
+            param="model",
+            code="model_not_found",
+        )
+    return models[name]
 
 
 def db_session() -> Session:

@@ -35,7 +35,7 @@ from bench.batch_stack import (
 from bench.workload import BenchRequest, WorkloadSpec
 from scripts.stack import Stack
 from tasks.config import Config
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import BULK_PRIORITY, EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner

@@ -21,7 +21,7 @@ from bench.random_model import SIZES, random_model_dir
 from bench.workload import WorkloadSpec, make_workload
 from tasks.config import Config
 from tasks.logs import configure_logging
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineRequest
 from worker.engine.model_runner import ModelRunner

@@ -13,7 +13,7 @@ import time
 from bench.metrics import RequestTrace, RunResult
 from bench.workload import BenchRequest, Feeder
 from tasks.config import Config
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.graphs.graph_mode import GraphMode
 from worker.engine.interface import EngineOutput, EngineRequest

@@ -27,8 +27,8 @@ import torch
 from bench.engine_throughput import machine_description, special_token_ids
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import REPO_ROOT, Config
-from tasks.messages import SamplingParams
-from tasks.steering_messages import SteeringFeature, SteeringSpec
+from tasks.messages.generation import SamplingParams
+from tasks.messages.steering import SteeringFeature, SteeringSpec
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner

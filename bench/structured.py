@@ -42,8 +42,8 @@ from bench.engine_throughput import machine_description, special_token_ids
 from bench.random_model import SIZES, random_model_dir
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import Config
-from tasks.grammar_messages import GrammarKind, GrammarSpec
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
+from tasks.messages.grammar import GrammarKind, GrammarSpec
 from worker.engine.continuous_engine import ContinuousEngine, grammar_compiler
 from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner

@@ -1,4 +1,4 @@
-"""Alembic environment: the metadata of tasks.models, the URL from the caller or the Config."""
+"""Alembic environment: the metadata of tasks.store.models, the URL from the caller or the Config."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from logging.config import fileConfig
 
 from alembic import context
 
-import tasks.api_keys  # registers the keys table on Base.metadata
-import tasks.batch_models  # registers the Batch API tables on Base.metadata
-import tasks.response_models  # noqa: F401  (registers the Responses API table on Base.metadata)
+import tasks.batches.models  # registers the Batch API tables on Base.metadata
+import tasks.store.api_keys  # registers the keys table on Base.metadata
+import tasks.store.response_models  # noqa: F401  (registers the Responses API table on Base.metadata)
 from tasks.config import Config
-from tasks.db import make_db_engine
-from tasks.models import Base
+from tasks.store.db import make_db_engine
+from tasks.store.models import Base
 
 alembic_config = context.config
 if alembic_config.config_file_name and not alembic_config.attributes.get("skip_logging"):

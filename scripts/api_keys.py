@@ -17,11 +17,11 @@ from datetime import datetime, timezone
 
 import sqlalchemy.exc
 
-from tasks.api_keys import ApiKeyRecord, Scope, create_key, list_keys, revoke_key
 from tasks.config import Config
-from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.logs import configure_logging
-from tasks.tenants import DEFAULT_TENANT
+from tasks.store.api_keys import ApiKeyRecord, Scope, create_key, list_keys, revoke_key
+from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
+from tasks.store.tenants import DEFAULT_TENANT
 
 logger = logging.getLogger("api_keys")
 

@@ -18,10 +18,10 @@ from typing import IO
 import redis
 import requests
 
-from tasks.api_keys import Scope, replace_key
 from tasks.config import EMBEDDED_REDIS_PORT, REPO_ROOT, Config
-from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
-from tasks.streams import num_live_workers
+from tasks.store.api_keys import Scope, replace_key
+from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
+from tasks.streams.worker_leases import num_live_workers
 
 logger = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0
@@ -176,7 +176,7 @@ def _worker_command(config: Config) -> list[str]:
 
 def launcher_key(config: Config, name: str) -> str:
     """A fresh admin key named `name` in the config's database (migrated first), replacing an earlier one of that
-    name, for a launcher's own clients; revoke it with tasks.api_keys.revoke_key when done."""
+    name, for a launcher's own clients; revoke it with tasks.store.api_keys.revoke_key when done."""
     upgrade_to_head(config.database_url)
     engine = make_db_engine(config.database_url)
     try:

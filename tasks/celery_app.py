@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from tasks.batch_messages import ChunkTask
+from tasks.batches.messages import ChunkTask
 from tasks.config import Config
-from tasks.messages import GenerateRequest
+from tasks.messages.generation import GenerateRequest
 from tasks.redis_transport import TRANSPORT
 
 GENERATE_TASK = "steerbatch.generate"

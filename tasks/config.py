@@ -31,7 +31,7 @@ class Config:
     stream_ttl_s: int = 3600
     sse_heartbeat_s: float = 15.0
     # A streaming client that drops leaves its request running this long for it (or another) to resume with
-    # Last-Event-ID; with nobody reading after it, a worker's request reaper cancels it (tasks/stream_attachments.py).
+    # Last-Event-ID; with nobody reading after it, a worker's request reaper cancels it (tasks/streams/attachments.py).
     stream_resume_grace_s: float = 30.0
     request_timeout_s: float = 600.0
     worker_concurrency: int = 32
@@ -83,7 +83,7 @@ class Config:
     max_queued_requests: int = 1024
     max_queued_tokens: int = 0
     # Generation requests one api process admits at once; one that waits ADMISSION_WAIT_S for its turn gets 429
-    # `server_busy` with staggered retry hints instead of queueing behind the whole burst (api/admission_gate.py);
+    # `server_busy` with staggered retry hints instead of queueing behind the whole burst (api/gate/admission_hooks.py);
     # 0: no bound.
     admission_slots: int = 16
     admission_wait_s: float = 0.5

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from tasks.config import Config
-from tasks.steering_messages import SteeringSource, SteeringSpec
+from tasks.messages.steering import SteeringSource, SteeringSpec
 
 
 def _saes_key(config: Config, model: str) -> str:

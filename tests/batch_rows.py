@@ -7,9 +7,9 @@ import time
 
 from sqlalchemy.orm import Session
 
-from tasks.batch_models import LineStatus
-from tasks.batch_store import add_lines, start_validated
-from tasks.messages import GenerateRequest
+from tasks.batches.models import LineStatus
+from tasks.batches.store import add_lines, start_validated
+from tasks.messages.generation import GenerateRequest
 
 
 def accept_rows(session: Session, batch_id: str, rows: list[dict]) -> bool:

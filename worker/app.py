@@ -11,14 +11,14 @@ from celery.worker import WorkController
 from kombu import Exchange, Queue
 from transformers import PreTrainedTokenizerFast
 
-from tasks.batch_messages import ChunkTask
+from tasks.batches.messages import ChunkTask
 from tasks.celery_app import BATCH_CHUNK_TASK, GENERATE_TASK, create_celery
 from tasks.config import Config
-from tasks.db import make_db_engine, make_session_factory
 from tasks.logs import configure_logging
-from tasks.messages import GenerateRequest
-from tasks.request_reaper import RequestReaper, reaper_interval_s
-from tasks.streams import connect_redis
+from tasks.messages.generation import GenerateRequest
+from tasks.reapers.request_reaper import RequestReaper, reaper_interval_s
+from tasks.store.db import make_db_engine, make_session_factory
+from tasks.streams.redis_keys import connect_redis
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.model_runner import ModelRunner
 from worker.serving.bulk import BulkRuntime, start_bulk

@@ -1,1 +1,2 @@
-"""What operators read: /metrics in Prometheus' format and /health/ready, from the api and every live worker."""
+"""What api/status/ answers from: the api's own counters, every live worker's published stats and the cluster's
+state (readiness per served model), rendered in Prometheus' text format for /metrics."""

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, disable_created_metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from tasks.backend_errors import backend_of
-from tasks.worker_stats import METRIC_PREFIX
+from tasks.streams.worker_stats import METRIC_PREFIX
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 

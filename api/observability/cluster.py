@@ -12,9 +12,9 @@ from kombu.transport.redis import Channel as RedisChannel
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tasks.batch_models import BatchLine, BatchRecord, LineStatus
+from tasks.batches.models import BatchLine, BatchRecord, LineStatus
 from tasks.config import Config
-from tasks.worker_stats import BULK, INTERACTIVE, QUEUE_KINDS, WorkerStats, read_live_worker_stats
+from tasks.streams.worker_stats import BULK, INTERACTIVE, QUEUE_KINDS, WorkerStats, read_live_worker_stats
 
 NOT_YET_CLAIMED = (LineStatus.QUEUED.value, LineStatus.DISPATCHED.value)  # open lines no worker's engine holds
 OPEN_STATUSES = (*NOT_YET_CLAIMED, LineStatus.RUNNING.value)

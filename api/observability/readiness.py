@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.observability.cluster import ClusterState, ModelState
-from tasks.messages import ErrorInfo
+from tasks.messages.generation import ErrorInfo
 
 
 def readiness(state: ClusterState) -> tuple[dict[str, Any], bool]:

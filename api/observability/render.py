@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from api.observability.api_metrics import api_registry
 from api.observability.cluster import ClusterState
-from tasks.worker_stats import METRIC_PREFIX, WorkerStats
+from tasks.streams.worker_stats import METRIC_PREFIX, WorkerStats
 
 
 class ClusterCollector(Collector):

@@ -1,6 +1,6 @@
 """The published contract: GET /openapi.json (the OpenAPI 3.1 document, built once per process from the route table
 and the pydantic models) and GET /docs (Swagger UI, its HTML, JS and CSS served from the flask-swagger-ui package:
-nothing from a CDN). Both are served without a key, as vLLM serves them (api/auth.py's OPEN_ENDPOINTS)."""
+nothing from a CDN). Both are served without a key, as vLLM serves them (api/gate/auth.py's OPEN_ENDPOINTS)."""
 
 from __future__ import annotations
 

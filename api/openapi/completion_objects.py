@@ -1,5 +1,6 @@
 """The generation endpoints' response objects as pydantic models, for the OpenAPI document only: the views build
-these bodies as dicts (api/responses.py, tasks/completions.py); these models describe them, and the schemathesis run
+these bodies as dicts (api/chat/objects.py, tasks/messages/completions.py); these models describe them, and the
+schemathesis run
 against a live server checks that the two agree."""
 
 from __future__ import annotations

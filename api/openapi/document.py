@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from werkzeug.routing import Rule
 
-from api.auth import OPEN_ENDPOINTS
+from api.gate.auth import OPEN_ENDPOINTS
 from api.openapi.completion_objects import ErrorResponse
 from api.openapi.operation import ERROR_DESCRIPTIONS, RETRY_AFTER_CODES, Operation
 from api.openapi.routes import OPERATIONS

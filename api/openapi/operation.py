@@ -63,7 +63,7 @@ class Operation:
         return [model for model in (self.response, *self.stream, self.unavailable) if model is not None]
 
     def error_codes(self, *, is_public: bool) -> list[int]:
-        """`is_public`: served without a key (api/auth.py's OPEN_ENDPOINTS), so never a 401."""
+        """`is_public`: served without a key (api/gate/auth.py's OPEN_ENDPOINTS), so never a 401."""
         return sorted({*COMMON_ERRORS, *self.errors} - ({401} if is_public else set()))
 
 

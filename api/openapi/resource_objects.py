@@ -1,5 +1,5 @@
 """The other routes' response objects as pydantic models, for the OpenAPI document only (the views build them as
-dicts: api/file_objects.py, api/batch_objects.py, api/blueprints/*)."""
+dicts: api/batches/file_objects.py, api/batches/batch_objects.py, the blueprints)."""
 
 from __future__ import annotations
 

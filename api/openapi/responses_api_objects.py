@@ -1,5 +1,5 @@
 """The Responses API's `response` object and its typed stream events as pydantic models, for the OpenAPI document only:
-api/responses_objects.py and api/responses_events.py build them as dicts; the schemathesis run checks that they
+api/responses/objects.py and api/responses/events.py build them as dicts; the schemathesis run checks that they
 agree."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The route table: every view's contract, keyed by its Flask endpoint name ("<blueprint>.<function>"). A new route
-is one more entry here; tests/api/test_openapi.py fails while a route of the app has none."""
+is one more entry here; tests/api/openapi/test_openapi.py fails while a route of the app has none."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from api.blueprints import files
-from api.blueprints.batches import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, BatchCreate
-from api.blueprints.tokenize import Detokenize
-from api.idempotency import MAX_KEY_LENGTH
+from api.batches import file_routes
+from api.batches.batch_routes import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, BatchCreate
+from api.chat.schemas import ChatCompletionRequest, CompletionRequest
+from api.chat.tokenize_routes import Detokenize
+from api.gate.idempotency import MAX_KEY_LENGTH
 from api.openapi import completion_objects as gen
 from api.openapi import resource_objects as res
 from api.openapi import responses_api_objects as resp
 from api.openapi import server_objects as srv
 from api.openapi.operation import Operation, header, query
-from api.responses_schemas import ResponseCreateRequest
-from api.schemas import ChatCompletionRequest, CompletionRequest
-from api.steering_schemas import SteeringBody, WorkerMonitorBody
+from api.responses.schemas import ResponseCreateRequest
+from api.steering.schemas import SteeringBody, WorkerMonitorBody
 
 IDEMPOTENCY_KEY = header(
     "Idempotency-Key",
@@ -48,12 +48,12 @@ RESPONSE_STREAM = (
 FILE_LIST = (
     query(
         "limit",
-        {"type": "integer", "minimum": 1, "maximum": files.MAX_LIST_LIMIT, "default": files.MAX_LIST_LIMIT},
+        {"type": "integer", "minimum": 1, "maximum": file_routes.MAX_LIST_LIMIT, "default": file_routes.MAX_LIST_LIMIT},
         "Page size",
     ),
     query(
         "order",
-        {"type": "string", "enum": list(files.LIST_ORDERS), "default": "desc"},
+        {"type": "string", "enum": list(file_routes.LIST_ORDERS), "default": "desc"},
         "By creation time: desc, newest first, or asc",
     ),
     query("after", {"type": "string"}, "A file id: list the files after it in this order"),

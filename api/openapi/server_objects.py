@@ -1,5 +1,6 @@
-"""The server's own answers as pydantic models, for the OpenAPI document only: the probes (api/blueprints/health.py,
-api/observability/readiness.py), /version and vLLM's /tokenize and /detokenize (api/blueprints/tokenize.py)."""
+"""The server's own answers as pydantic models, for the OpenAPI document only: the probes
+(api/status/health_routes.py,
+api/observability/readiness.py), /version and vLLM's /tokenize and /detokenize (api/chat/tokenize_routes.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, RootModel
 
-from api.blueprints.tokenize import ChatTokenize, PromptTokenize
+from api.chat.tokenize_routes import ChatTokenize, PromptTokenize
 from api.openapi.completion_objects import ErrorBody
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from api.app import create_app
-from tasks.db import upgrade_to_head
+from tasks.store.db import upgrade_to_head
 from tests.conftest import free_port, make_test_config
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

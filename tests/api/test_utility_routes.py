@@ -10,7 +10,7 @@ from flask.testing import FlaskClient
 from transformers import PreTrainedTokenizerFast
 
 from api.app import create_app
-from tasks.db import upgrade_to_head
+from tasks.store.db import upgrade_to_head
 from tests.conftest import make_test_config
 
 MESSAGES = [{"role": "user", "content": "name a color"}, {"role": "assistant", "content": "The sky is"}]

@@ -121,7 +121,9 @@ def test_a_100k_line_file_is_accepted_at_once_and_validated_in_the_background(st
     elapsed_s = time.perf_counter() - started
     print(f"POST /v1/batches with a 100k-line file ({len(content) / 1e6:.1f} MB) answered in {elapsed_s * 1000:.0f} ms")
     assert reply.status_code == 200 and reply.json()["status"] == "validating", reply.text
-    assert elapsed_s < 1.0
+    # generous bounds for a busy machine: validating the file before answering takes about a minute (docs/RELIABILITY.md
+    # has the 20 ms the api measures)
+    assert elapsed_s < 5.0
 
     latencies = []
     for _ in range(5):  # the api serves others while it validates
@@ -129,7 +131,7 @@ def test_a_100k_line_file_is_accepted_at_once_and_validated_in_the_background(st
         assert requests.get(f"{stack.base_url}/v1/models", headers=auth(stack), timeout=10).status_code == 200
         latencies.append(time.perf_counter() - started)
     print(f"GET /v1/models during validation: max {max(latencies) * 1000:.0f} ms")
-    assert max(latencies) < 1.0
+    assert max(latencies) < 5.0  # an api blocked by the validation would answer when it ends, a minute later
 
     batch_id = reply.json()["id"]
     client_for(stack).batches.cancel(batch_id)

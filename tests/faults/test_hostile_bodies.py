@@ -17,7 +17,7 @@ import requests
 import sqlalchemy
 from transformers import PreTrainedTokenizerFast
 
-from api.prompt_bounds import prompt_char_limit
+from api.chat.prompt_bounds import prompt_char_limit
 from scripts.stack import Stack
 from tasks.config import REPO_ROOT
 from tests.faults.raw_json import with_field, with_raw

@@ -1,8 +1,9 @@
-"""One api process (the real gunicorn entry point, gevent) holds 1,000 open SSE streams while `/health` answers
-quickly and a new request is answered within a second, both while the streams are being admitted and once they are
-all open. The 1,000 are sent at once; the part of that burst the api cannot admit within ADMISSION_WAIT_S gets 429
-and retries, as the `openai` client does. The streams' requests wait in the queue of a live worker that takes
-nothing, so they stay open for as long as the test holds them; bench/load.py ramps the same through a whole stack."""
+"""One api process (the real gunicorn entry point, gevent) holds open SSE streams while `/health` and a new request are
+answered within seconds (a frozen api took 12-20 s), both while the streams are being admitted and once they are all
+open: 256 by default, 1,000 under `-m slow`. The streams are sent at once; the part of that burst the api cannot admit
+within ADMISSION_WAIT_S gets 429 and retries, as the `openai` client does. The streams' requests wait in the queue of a
+live worker that takes nothing, so they stay open for as long as the test holds them; bench/load.py ramps the same
+through a whole stack."""
 
 from __future__ import annotations
 
@@ -22,11 +23,10 @@ import redis
 
 from bench.load import retry_after_of
 from tasks.config import REPO_ROOT, Config
-from tasks.db import upgrade_to_head
-from tasks.streams import renew_worker_lease
+from tasks.store.db import upgrade_to_head
+from tasks.streams.worker_leases import renew_worker_lease
 from tests.conftest import make_test_config
 
-NUM_STREAMS = 1000
 BODY = {"model": "tiny", "prompt": "the cat", "max_tokens": 4, "stream": True}
 
 
@@ -104,13 +104,13 @@ async def probe(client: httpx.AsyncClient, num_health: int) -> Probes:
         return Probes(health_s, time.perf_counter() - started, response.status_code)
 
 
-async def hold_streams_and_probe(base_url: str) -> tuple[int, Probes, Probes]:
+async def hold_streams_and_probe(base_url: str, num_streams: int) -> tuple[int, Probes, Probes]:
     """Opens the streams at once, probing while they open (the burst) and once all are open (holding)."""
-    limits = httpx.Limits(max_connections=NUM_STREAMS + 8, max_keepalive_connections=0)
+    limits = httpx.Limits(max_connections=num_streams + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
         deadline = time.monotonic() + 120
         # each admitted stream's headers arrive at once; its body waits for a worker that never comes
-        opening = asyncio.gather(*(open_stream(client, deadline) for _ in range(NUM_STREAMS)))
+        opening = asyncio.gather(*(open_stream(client, deadline) for _ in range(num_streams)))
         await asyncio.sleep(0.2)  # the burst is under way
         during_burst = await probe(client, 10)
         streams = await opening
@@ -121,14 +121,16 @@ async def hold_streams_and_probe(base_url: str) -> tuple[int, Probes, Probes]:
         return opened, during_burst, holding
 
 
-def test_a_thousand_open_streams_leave_health_and_admission_quick(api: Config) -> None:
-    opened, during_burst, holding = asyncio.run(hold_streams_and_probe(f"http://{api.host}:{api.port}"))
-    assert opened == NUM_STREAMS
+@pytest.mark.parametrize("num_streams", [256, pytest.param(1000, marks=pytest.mark.slow)])
+def test_open_streams_leave_health_and_admission_quick(api: Config, num_streams: int) -> None:
+    opened, during_burst, holding = asyncio.run(hold_streams_and_probe(f"http://{api.host}:{api.port}", num_streams))
+    assert opened == num_streams
     # Bounds a frozen api misses by seconds (a thread per stream left /health waiting 20 s; a burst admitted all at
     # once, before the admission gate, held a new request 12.5 s and /health over 10 s), loose enough for a shared
-    # 2-core CI machine. During the burst this client's own event loop is busy opening the streams, so those probes
-    # carry its delay too; bench/load.py probes from a process of its own (docs/RELIABILITY.md has its numbers).
+    # 2-core machine that other work keeps busy. During the burst this client's own event loop is busy opening the
+    # streams, so those probes carry its delay too. The tight targets are bench/load.py's, which probes from a process
+    # of its own (docs/RELIABILITY.md has its numbers).
     assert max(during_burst.health_s) < 5.0, f"/health took {max(during_burst.health_s):.3f} s during the burst"
     assert during_burst.new_request_status in (200, 429) and during_burst.new_request_s < 5.0
-    assert max(holding.health_s) < 1.0, f"/health took {max(holding.health_s):.3f} s with the streams open"
-    assert holding.new_request_status == 200 and holding.new_request_s < 2.0, f"{holding.new_request_s:.2f} s"
+    assert max(holding.health_s) < 3.0, f"/health took {max(holding.health_s):.3f} s with the streams open"
+    assert holding.new_request_status == 200 and holding.new_request_s < 5.0, f"{holding.new_request_s:.2f} s"

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from scripts.stack import Stack, launcher_key
-from tasks.batch_models import BatchLine, LineStatus
-from tasks.db import make_db_engine, make_session_factory
+from tasks.batches.models import BatchLine, LineStatus
+from tasks.store.db import make_db_engine, make_session_factory
 from tests.conftest import make_test_config
 from tests.faults.test_redis_restart import RestartableRedis
 from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end, wait_until

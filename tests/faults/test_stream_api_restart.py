@@ -19,7 +19,7 @@ from scripts.stack import Stack, launcher_key
 from tests.conftest import make_test_config
 from tests.service.http import auth
 from tests.service.sse import Frame, read_frames
-from tests.service.test_streams import events
+from tests.service.streaming.test_streams import events
 
 GRACE_S = 15.0
 MAX_TOKENS = 4000

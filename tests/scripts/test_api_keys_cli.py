@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks.api_keys import find_key
 from tasks.config import REPO_ROOT
-from tasks.db import make_db_engine, make_session_factory
+from tasks.store.api_keys import find_key
+from tasks.store.db import make_db_engine, make_session_factory
 
 
 def run_cli(database_url: str, *args: str) -> subprocess.CompletedProcess:

@@ -103,7 +103,7 @@ def test_rerun_is_a_quick_no_op_and_force_rebuilds_identically(model_dir: Path) 
     tokenizer_json = (model_dir / "tokenizer.json").read_text()
     started = time.monotonic()
     rerun = run_build(model_dir, as_file=True)
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 15.0  # a build trains for a minute; a no-op never imports torch
     assert "up to date" in rerun.stderr
     assert read_stamp(model_dir) == stamp
 

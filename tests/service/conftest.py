@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import pytest
 
 from scripts.stack import Stack
-from tasks.api_keys import Scope, replace_key
 from tasks.config import REPO_ROOT
-from tasks.db import make_db_engine, make_session_factory
+from tasks.store.api_keys import Scope, replace_key
+from tasks.store.db import make_db_engine, make_session_factory
 
 
 @dataclass(frozen=True)

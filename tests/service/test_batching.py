@@ -11,7 +11,7 @@ import redis
 import requests
 
 from scripts.stack import Stack
-from tasks.worker_stats import worker_stats_key
+from tasks.streams.worker_stats import worker_stats_key
 from tests.service.http import auth
 
 NUM_CONCURRENT = 8

@@ -18,24 +18,25 @@ import sqlalchemy
 
 from scripts.stack import Stack, launcher_key
 from tasks.config import REPO_ROOT
-from tasks.streams import live_workers, num_live_workers
+from tasks.streams.worker_leases import live_workers, num_live_workers
 from tests.conftest import make_test_config
 from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end
 from tests.service.http import auth
 
 DRAFT = "tiny-draft"
 LEASE_S = 1.5
-# The first test builds the draft model when it is missing (a minute on an idle 2-core machine, 18 on a busy one)
-# and starts two workers and the api.
-pytestmark = pytest.mark.timeout(1800)
+SECOND_MODEL_TRAIN_STEPS = 8  # what the second model writes does not matter here, only which worker runs it
 
 
 @pytest.fixture(scope="module")
-def tiny_draft_dir(tiny_model_dir: Path) -> Path:
-    """models/tiny-draft built the Makefile's way (`make draft-model`; a no-op when it is up to date)."""
-    out = REPO_ROOT / "models" / DRAFT
+def tiny_draft_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second model to serve: one layer with the tiny model's tokenizer, as `make draft-model` builds, but barely
+    trained (seconds, where the Makefile's full build takes a minute on an idle 2-core machine and many on a busy
+    one); the build itself is tested in tests/scripts/test_build_tiny_model.py."""
+    out = tmp_path_factory.mktemp("second-model") / DRAFT
     command = [sys.executable, "-m", "scripts.build_tiny_model", "--out", str(out), "--num-layers", "1"]
-    subprocess.run([*command, "--tokenizer-from", str(tiny_model_dir)], cwd=REPO_ROOT, check=True)
+    options = ["--tokenizer-from", str(tiny_model_dir), "--train-steps", str(SECOND_MODEL_TRAIN_STEPS)]
+    subprocess.run([*command, *options], cwd=REPO_ROOT, check=True)
     return out
 
 

@@ -13,10 +13,10 @@ from openai import OpenAI
 from sqlalchemy import update
 
 from scripts.stack import Stack
-from tasks.batch_models import FileRecord
-from tasks.db import make_db_engine, make_session_factory
+from tasks.batches.models import FileRecord
+from tasks.store.db import make_db_engine, make_session_factory
+from tests.service.chat.test_openai_client import client_for
 from tests.service.http import auth
-from tests.service.test_openai_client import client_for
 
 MESSAGES = [{"role": "user", "content": "name a color"}]
 SPECIAL = re.compile(r"<\|[a-z_]+\|>")

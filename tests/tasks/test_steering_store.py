@@ -8,7 +8,7 @@ import uuid
 import redis
 
 from tasks.config import Config
-from tasks.steering_messages import SteeringFeature, SteeringSpec, SteeringVector
+from tasks.messages.steering import SteeringFeature, SteeringSpec, SteeringVector
 from tasks.steering_store import (
     publish_monitor_stats,
     publish_saes,

@@ -11,8 +11,8 @@ import torch
 from transformers import PreTrainedModel
 
 from tasks.config import Config
-from tasks.messages import SamplingParams
-from tasks.steering_messages import MonitorSpec, SteeringSpec
+from tasks.messages.generation import SamplingParams
+from tasks.messages.steering import MonitorSpec, SteeringSpec
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner

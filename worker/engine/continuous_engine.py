@@ -20,7 +20,7 @@ from scheduler.batch import Batch
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler, TokenUpdate
 from tasks.config import Config
-from tasks.messages import FinishReason, TokenLogprob
+from tasks.messages.generation import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
 from worker.engine.engine_config import grammar_compiler, scheduler_config, speculation_config
 from worker.engine.grammar.matcher import MaskFiller, RowGrammar

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tasks.grammar_messages import GrammarSpec
-from tasks.messages import FinishReason, SamplingParams, TokenLogprob
-from tasks.steering_messages import MonitoredPosition, MonitorSpec, SteeringSpec
+from tasks.messages.generation import FinishReason, SamplingParams, TokenLogprob
+from tasks.messages.grammar import GrammarSpec
+from tasks.messages.steering import MonitoredPosition, MonitorSpec, SteeringSpec
 
 INTERACTIVE_PRIORITY = 0
 BULK_PRIORITY = 1

@@ -18,7 +18,7 @@ from steering.batch_hooks import BatchHooks
 from steering.hook_points import point_width
 from steering.model_layout import ModelLayout
 from tasks.config import Config
-from tasks.steering_messages import MonitoredPosition
+from tasks.messages.steering import MonitoredPosition
 from worker.engine.attention.backend import AttentionBackend, resolve_attention_backend
 from worker.engine.attention.kv_pool import KVPool, KVShape, num_pool_tokens
 from worker.engine.attention.paged_attention import FLASH_BACKEND, SDPA_BACKEND, register_paged_attention

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from scheduler.batch import ScheduledChunk
-from tasks.messages import TokenLogprob
+from tasks.messages.generation import TokenLogprob
 from worker.engine.transfers import to_device, to_host
 
 if TYPE_CHECKING:

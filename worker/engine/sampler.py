@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks.messages import SamplingParams, TokenLogprob
+from tasks.messages.generation import SamplingParams, TokenLogprob
 from worker.engine.grammar.masks import mask_logits
 from worker.engine.grammar.matcher import RowGrammar, fill_bitmasks
 from worker.engine.step_readback import read_back
@@ -63,7 +63,8 @@ def sample(
         probs = sampling_probs(logits.index_select(0, index), [rows[i].params for i in sampled_rows])  # [S', V]
         draws = draw(probs, [rows[i].generator for i in sampled_rows])
         tokens.index_copy_(0, index, draws)
-    return SampledTokens(*read_back(tokens, raw_logits, rows))  # the step's one wait for the device
+    num_logprobs = [row.params.logprobs for row in rows]
+    return SampledTokens(*read_back(tokens, raw_logits, num_logprobs))  # the step's one wait for the device
 
 
 def apply_grammars(

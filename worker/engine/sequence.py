@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from scheduler.request import Request
-from tasks.messages import TokenLogprob
-from tasks.steering_messages import MonitoredPosition
+from tasks.messages.generation import TokenLogprob
+from tasks.messages.steering import MonitoredPosition
 from worker.engine.grammar.compiler import GrammarError
 from worker.engine.grammar.matcher import RowGrammar
 from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback

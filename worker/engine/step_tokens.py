@@ -15,7 +15,7 @@ import torch
 
 from scheduler.batch import ScheduledChunk
 from scheduler.request import Request
-from tasks.messages import TokenLogprob
+from tasks.messages.generation import TokenLogprob
 from worker.engine.sampler import Argmax, SamplingRow, sample, sampling_probs, torch_argmax
 from worker.engine.speculation.speculator import verify_greedy, verify_sampled
 from worker.engine.transfers import to_device

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 import redis
 from transformers import PreTrainedTokenizerFast
 
-from tasks.batch_events import publish_lines
-from tasks.batch_messages import ChunkTask
-from tasks.batch_models import BatchLine, BatchRecord, LineStatus
-from tasks.batch_store import claim_chunk, renew_lease, stop_status
+from tasks.batches.events import publish_lines
+from tasks.batches.line_outcomes import LineOutcome, finish_lines
+from tasks.batches.messages import ChunkTask
+from tasks.batches.models import BatchLine, BatchRecord, LineStatus
+from tasks.batches.store import claim_chunk, renew_lease, stop_status
 from tasks.config import Config
-from tasks.db import SessionFactory
-from tasks.line_outcomes import LineOutcome, finish_lines
-from tasks.messages import FinishReason, GenerateRequest
-from tasks.steering_messages import SteeringSource, SteeringSpec
+from tasks.messages.generation import FinishReason, GenerateRequest
+from tasks.messages.steering import SteeringSource, SteeringSpec
 from tasks.steering_store import default_steering
+from tasks.store.db import SessionFactory
 from worker.engine.interface import BULK_PRIORITY, Engine, EngineOutput
 from worker.serving.batch_inbox import ChunkInbox
 from worker.serving.batch_stops import StopWatcher

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from tasks.batch_models import LineStatus
+from tasks.batches.models import LineStatus
 from worker.engine.interface import EngineOutput
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import redis
 
-from tasks.batch_events import read_stop_flags
-from tasks.batch_models import LineStatus
+from tasks.batches.events import read_stop_flags
+from tasks.batches.models import LineStatus
 from tasks.config import Config
 from worker.serving.flag_watcher import POLL_S, FlagWatcher
 

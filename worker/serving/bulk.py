@@ -10,13 +10,13 @@ import redis
 from celery import Celery
 from transformers import PreTrainedTokenizerFast
 
-from tasks.batch_events import publish_status
-from tasks.batch_finalize import finalize_if_done
-from tasks.batch_messages import ChunkTask
-from tasks.batch_reaper import dispatch_and_enqueue, reap_once
+from tasks.batches.events import publish_status
+from tasks.batches.finalize import finalize_if_done
+from tasks.batches.messages import ChunkTask
 from tasks.celery_app import enqueue_chunk
 from tasks.config import Config
-from tasks.db import SessionFactory
+from tasks.reapers.batch_reaper import dispatch_and_enqueue, reap_once
+from tasks.store.db import SessionFactory
 from worker.engine.interface import Engine
 from worker.serving.batch_chunk import ChunkRunner
 from worker.serving.batch_stops import StopWatcher

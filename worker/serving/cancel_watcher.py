@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 
 from tasks.config import Config
-from tasks.streams import read_cancel_flags
+from tasks.streams.cancel_flags import read_cancel_flags
 from worker.serving.flag_watcher import POLL_S, FlagWatcher
 
 

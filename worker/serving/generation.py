@@ -11,13 +11,22 @@ from typing import Any
 
 import sqlalchemy.exc
 
-from tasks.finish import RESULT_NOT_RECORDED, finish_request
-from tasks.messages import ChoiceResult, ErrorInfo, EventType, FinishReason, GenerateRequest, StreamEvent, UsageDetails
-from tasks.models import TERMINAL_STATUSES, RequestStatus
-from tasks.steering_messages import SteeringSource, SteeringSpec
+from tasks.messages.generation import (
+    ChoiceResult,
+    ErrorInfo,
+    EventType,
+    FinishReason,
+    GenerateRequest,
+    StreamEvent,
+    UsageDetails,
+)
+from tasks.messages.steering import SteeringSource, SteeringSpec
 from tasks.steering_store import default_steering
-from tasks.store import claim_request
-from tasks.streams import append_event, is_cancel_requested
+from tasks.store.finish import RESULT_NOT_RECORDED, finish_request
+from tasks.store.models import TERMINAL_STATUSES, RequestStatus
+from tasks.store.request_store import claim_request
+from tasks.streams.cancel_flags import is_cancel_requested
+from tasks.streams.events import append_event
 from worker.serving.cancel_watcher import CancelWatcher
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
 from worker.serving.task_runner import TaskRunner

@@ -1,5 +1,5 @@
 """The worker's liveness lease in Redis, renewed from its own thread while the worker is healthy, with its stats and
-metrics (tasks/worker_stats.py) beside it."""
+metrics (tasks/streams/worker_stats.py) beside it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 import redis
 
 from tasks.config import Config
-from tasks.streams import renew_worker_lease
-from tasks.worker_stats import WorkerStats, publish_worker_stats
+from tasks.streams.worker_leases import renew_worker_lease
+from tasks.streams.worker_stats import WorkerStats, publish_worker_stats
 
 logger = logging.getLogger(__name__)
 RENEWALS_PER_LEASE = 3  # a lease survives two missed renewals

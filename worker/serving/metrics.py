@@ -3,7 +3,8 @@
 Its Celery threads and output processor observe what a client sees (first token, gaps between tokens, the whole
 request, tokens, finish reasons, steered and monitored rows, batch lines, Redis and database errors) in a
 prometheus_client registry of its own; what the engine counts is read from the engine when the lease thread collects
-them. The lease thread publishes the collected families with the lease (tasks/worker_stats.py); the api renders every
+them. The lease thread publishes the collected families with the lease (tasks/streams/worker_stats.py); the api renders
+every
 live worker's with `model_name` and `worker` labels (api/observability/). Nothing here runs on the engine thread.
 """
 
@@ -17,9 +18,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tasks.backend_errors import backend_of
-from tasks.batch_models import LineStatus
-from tasks.messages import FinishReason, GenerateRequest
-from tasks.worker_stats import BULK, INTERACTIVE, METRIC_PREFIX, MetricFamily, WorkerStats
+from tasks.batches.models import LineStatus
+from tasks.messages.generation import FinishReason, GenerateRequest
+from tasks.streams.worker_stats import BULK, INTERACTIVE, METRIC_PREFIX, MetricFamily, WorkerStats
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import BULK_PRIORITY, INTERACTIVE_PRIORITY
 

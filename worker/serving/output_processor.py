@@ -17,8 +17,9 @@ import redis
 from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
-from tasks.messages import ErrorInfo, EventType, GenerateRequest, StreamEvent
-from tasks.streams import RedisKeys, append_json_to_streams
+from tasks.messages.generation import ErrorInfo, EventType, GenerateRequest, StreamEvent
+from tasks.streams.events import append_json_to_streams
+from tasks.streams.redis_keys import RedisKeys
 from worker.engine.interface import Engine, EngineOutput
 from worker.serving.metrics import ServingMetrics
 from worker.text.choice import Choice, ChoiceDelta

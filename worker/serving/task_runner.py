@@ -7,7 +7,7 @@ import redis
 from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
-from tasks.db import SessionFactory
+from tasks.store.db import SessionFactory
 from worker.engine.interface import Engine
 from worker.serving.metrics import ServingMetrics
 

@@ -13,7 +13,7 @@ from steering.hook_points import HookPoint
 from steering.sae import SAE
 from steering.sae_math import steering_direction
 from tasks.config import Config
-from tasks.steering_messages import MonitorPositions, MonitorSpec, SteeringSpec
+from tasks.messages.steering import MonitorPositions, MonitorSpec, SteeringSpec
 from worker.engine.interface import EngineRequest
 from worker.steering.sae_attachments import SAEAttachments
 

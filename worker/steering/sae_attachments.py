@@ -16,7 +16,7 @@ from steering.sae import SAE
 from steering.sae_config import SAEConfig
 from steering.vector_files import load_vector
 from tasks.config import Config
-from tasks.steering_messages import SteeringVector
+from tasks.messages.steering import SteeringVector
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 from scheduler.batch import ScheduledChunk
 from steering.hook_points import HookPoint
 from steering.step_plan import MonitorResult, MonitorTap, SteeringTable, StepPlan, build_steering_table
-from tasks.steering_messages import MonitoredPosition
+from tasks.messages.steering import MonitoredPosition
 from worker.engine.transfers import to_host
 from worker.steering.request_sae import RequestSAE
 from worker.steering.worker_monitor import WorkerMonitor

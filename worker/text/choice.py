@@ -9,9 +9,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from tasks.messages import ChoiceResult, FinishReason, GenerateRequest
-from tasks.steering_messages import SteeringSpec
-from tasks.tool_calls import ToolCallStream
+from tasks.messages.generation import ChoiceResult, FinishReason, GenerateRequest
+from tasks.messages.steering import SteeringSpec
+from tasks.messages.tool_calls import ToolCallStream
 from worker.engine.interface import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
 from worker.text.detokenizer import visible_text
 from worker.text.logprob_entries import echo_entries, logprob_entries, vllm_prompt_logprobs

@@ -10,7 +10,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from tasks.messages import TokenLogprob
+from tasks.messages.generation import TokenLogprob
 from worker.text.detokenizer import visible_text
 
 

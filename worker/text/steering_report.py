@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from tasks.steering_messages import MonitoredPosition, MonitorPositions, MonitorSpec, SteeringSource, SteeringSpec
+from tasks.messages.steering import MonitoredPosition, MonitorPositions, MonitorSpec, SteeringSource, SteeringSpec
 from worker.engine.interface import EngineOutput
 
 

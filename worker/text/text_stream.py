@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerFast
 
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from worker.text.detokenizer import IncrementalDetokenizer
 from worker.text.stop_strings import StopStringMatcher
 

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.config import Config
-from tasks.messages import FinishReason, SamplingParams
+from tasks.messages.generation import FinishReason, SamplingParams
 from tests.worker.engine_harness import (
     SHORT_MAX_MODEL_LEN,
     TIMEOUT_S,
@@ -208,9 +208,11 @@ def test_ignore_eos_runs_to_max_tokens_through_the_eos(
     engine: ContinuousEngine, runner: ModelRunner, tokenizer
 ) -> None:
     prompt = tokenizer.encode(PROMPTS[0])
-    natural = run(engine, "natural", prompt, greedy(64))
-    assert natural.outputs[-1].finish_reason == FinishReason.STOP, "the tiny model should end this reply by itself"
-    ignoring = run(engine, "ignoring", prompt, dataclasses.replace(greedy(64), ignore_eos=True))
+    # the end of a reply made the model's first choice at every step, so it ends by itself whatever its weights
+    ending = dataclasses.replace(greedy(64), logit_bias=tuple((token_id, 100.0) for token_id in runner.eos_token_ids))
+    natural = run(engine, "natural", prompt, ending)
+    assert natural.outputs[-1].finish_reason == FinishReason.STOP
+    ignoring = run(engine, "ignoring", prompt, dataclasses.replace(ending, ignore_eos=True))
     assert ignoring.outputs[-1].finish_reason == FinishReason.LENGTH
     assert len(ignoring.token_ids) == 64
     assert ignoring.token_ids[: len(natural.token_ids)] == natural.token_ids

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from scheduler.request import Request
 from scheduler.scheduler import Scheduler
 from tasks.config import Config
-from tasks.steering_messages import MonitorSpec, SteeringFeature, SteeringSpec
+from tasks.messages.steering import MonitorSpec, SteeringFeature, SteeringSpec
 from tests.steering.sae_folders import TINY_SAE_ID
 from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_together
 from tests.worker.greedy_cases import chat_prompts, clear_cases

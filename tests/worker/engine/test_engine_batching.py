@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tasks.config import Config
-from tasks.messages import FinishReason, SamplingParams
+from tasks.messages.generation import FinishReason, SamplingParams
 from tests.worker.engine_harness import TIMEOUT_S, Collector, greedy, hf_greedy, run, serve
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import BULK_PRIORITY, EngineRequest

@@ -12,8 +12,8 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from tasks.config import Config
-from tasks.grammar_messages import GrammarKind, GrammarSpec
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
+from tasks.messages.grammar import GrammarKind, GrammarSpec
 from tests.worker.engine.test_engine_steering import chat_prompt, feature_spec
 from tests.worker.engine_harness import Collector, greedy, load_runner, serve, submit_together
 from worker.engine.continuous_engine import ContinuousEngine

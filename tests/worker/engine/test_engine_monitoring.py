@@ -17,8 +17,8 @@ from steering.registry import SAELookupError, SAERegistry
 from steering.sae import SAE
 from steering.sae_math import encode
 from tasks.config import Config
-from tasks.messages import SamplingParams
-from tasks.steering_messages import MonitorPositions, MonitorSpec, SteeringFeature, SteeringSpec
+from tasks.messages.generation import SamplingParams
+from tasks.messages.steering import MonitorPositions, MonitorSpec, SteeringFeature, SteeringSpec
 from tests.steering.sae_folders import TINY_SAE_ID
 from tests.worker.engine_harness import Collector, greedy, hf_greedy, run, serve, submit_together
 from worker.engine.continuous_engine import ContinuousEngine

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tasks.config import Config
-from tasks.messages import FinishReason, SamplingParams
+from tasks.messages.generation import FinishReason, SamplingParams
 from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineRequest

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from steering.registry import SAERegistry
 from steering.sae_math import steering_direction
 from tasks.config import Config
-from tasks.steering_messages import SteeringFeature, SteeringSpec, SteeringVector
+from tasks.messages.steering import SteeringFeature, SteeringSpec, SteeringVector
 from tests.steering.sae_folders import TINY_SAE_ID
 from tests.worker.engine_harness import greedy, hf_greedy, load_runner, run, serve, submit_together
 from worker.engine.continuous_engine import ContinuousEngine

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import xgrammar as xgr
 
-from tasks.grammar_messages import GrammarKind, GrammarSpec, ToolCallGrammar, ToolFunction
+from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar, ToolFunction
 from worker.engine.grammar.compiler import GrammarCompiler, GrammarError
 
 EOT_ID = 4  # models/tiny: <|eot_id|>

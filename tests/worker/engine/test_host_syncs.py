@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tasks.config import Config
-from tasks.messages import SamplingParams
-from tasks.steering_messages import MonitorSpec, SteeringFeature, SteeringSpec
+from tasks.messages.generation import SamplingParams
+from tasks.messages.steering import MonitorSpec, SteeringFeature, SteeringSpec
 from tests.steering.sae_folders import TINY_SAE_ID
 from tests.worker.engine_harness import Collector, greedy, load_runner
 from worker.engine import step_readback

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from tests.worker.engine.test_engine_batching import random_prompts
 from tests.worker.engine_harness import greedy, run, submit_together, take_logged_errors
 from worker.engine.continuous_engine import ContinuousEngine

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from worker.engine.sampler import SamplingRow, apply_logit_bias, apply_penalties, sample, sampling_probs
 
 VOCAB_SIZE = 50

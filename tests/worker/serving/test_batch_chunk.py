@@ -13,13 +13,13 @@ import redis
 from sqlalchemy import select, update
 from transformers import PreTrainedTokenizerFast
 
-from tasks.batch_events import set_stop_flag
-from tasks.batch_messages import ChunkTask
-from tasks.batch_models import BatchLine, BatchRecord, BatchStatus, LineStatus
-from tasks.batch_store import dispatch_chunks, new_sortable_id
+from tasks.batches.events import set_stop_flag
+from tasks.batches.messages import ChunkTask
+from tasks.batches.models import BatchLine, BatchRecord, BatchStatus, LineStatus
+from tasks.batches.store import dispatch_chunks, new_sortable_id
 from tasks.config import Config
-from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
-from tasks.messages import Endpoint, FinishReason, GenerateRequest, SamplingParams
+from tasks.messages.generation import Endpoint, FinishReason, GenerateRequest, SamplingParams
+from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
 from tests.batch_rows import accept_rows, queued_line_row
 from worker.engine.interface import BULK_PRIORITY, EngineOutput, EngineRequest, OutputCallback
 from worker.serving.batch_chunk import ChunkRunner

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from tasks.messages import FinishReason, TokenLogprob
-from tasks.steering_messages import MonitoredPosition, SteeringSpec
+from tasks.messages.generation import FinishReason, TokenLogprob
+from tasks.messages.steering import MonitoredPosition, SteeringSpec
 from worker.engine.interface import EngineOutput
 from worker.serving.batch_inbox import ChunkInbox, joined_output
 

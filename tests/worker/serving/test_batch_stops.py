@@ -6,8 +6,8 @@ import uuid
 
 import redis
 
-from tasks.batch_events import set_stop_flag
-from tasks.batch_models import LineStatus
+from tasks.batches.events import set_stop_flag
+from tasks.batches.models import LineStatus
 from tasks.config import Config
 from worker.serving.batch_inbox import ChunkInbox
 from worker.serving.batch_stops import StopWatcher

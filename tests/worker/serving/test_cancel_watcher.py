@@ -8,7 +8,7 @@ import uuid
 import redis
 
 from tasks.config import Config
-from tasks.streams import read_cancel_flags, request_cancel
+from tasks.streams.cancel_flags import read_cancel_flags, request_cancel
 from worker.serving.cancel_watcher import CancelWatcher
 
 

@@ -15,11 +15,12 @@ import redis
 from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
-from tasks.db import make_db_engine, make_session_factory, upgrade_to_head
-from tasks.messages import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
-from tasks.models import RequestRecord, RequestStatus
-from tasks.store import claim_request, create_request, get_request
-from tasks.streams import RedisKeys, request_cancel
+from tasks.messages.generation import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
+from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
+from tasks.store.models import RequestRecord, RequestStatus
+from tasks.store.request_store import claim_request, create_request, get_request
+from tasks.streams.cancel_flags import request_cancel
+from tasks.streams.redis_keys import RedisKeys
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.model_runner import ModelRunner
 from worker.serving.generation import GenerationHandler

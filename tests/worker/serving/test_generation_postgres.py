@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from tasks.messages import ChoiceResult, EventType, FinishReason
+from tasks.messages.generation import ChoiceResult, EventType, FinishReason
 from tests.worker.serving.test_generation import accept, running_handler, stored, stream_events
 from worker.serving.generation import GenerationHandler, Outcome
 

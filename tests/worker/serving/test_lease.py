@@ -9,7 +9,7 @@ import uuid
 import redis
 
 from tasks.config import Config
-from tasks.streams import is_worker_alive
+from tasks.streams.worker_leases import is_worker_alive
 from worker.serving.lease import WorkerLease
 
 

@@ -15,9 +15,9 @@ import redis
 from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
-from tasks.messages import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
-from tasks.steering_messages import SteeringSource
-from tasks.streams import RedisKeys
+from tasks.messages.generation import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
+from tasks.messages.steering import SteeringSource
+from tasks.streams.redis_keys import RedisKeys
 from tests.conftest import free_port
 from worker.engine.interface import EngineOutput
 from worker.serving.metrics import ServingMetrics

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from transformers import PreTrainedTokenizerFast
 
-from tasks.grammar_messages import GrammarSpec
+from tasks.messages.grammar import GrammarSpec
 
 if TYPE_CHECKING:  # xgrammar loads with the first grammar: a worker (or the GPU check) without one never needs it
     import xgrammar as xgr

@@ -9,8 +9,8 @@ import json
 import xgrammar as xgr
 from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
 
-from tasks.grammar_messages import GrammarKind, GrammarSpec, ToolCallGrammar
-from tasks.tool_calls import HERMES, LLAMA3_JSON
+from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar
+from tasks.messages.tool_calls import HERMES, LLAMA3_JSON
 
 ANY_OBJECT = '{"type": "object"}'
 # parser: (a call's text up to its name, from its name to its arguments, after its arguments, between calls)

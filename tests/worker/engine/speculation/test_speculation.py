@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from scheduler.request import Request
 from tasks.config import Config
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from tests.worker.engine_harness import greedy, hf_greedy, run, serve, submit_together
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineRequest
@@ -92,12 +92,33 @@ def grounded_prompt(seed: int) -> list[int]:
     return [*passage, *passage, *passage[:10]]
 
 
+def self_repeating_prompt(reference: PreTrainedModel, seed: int, num_tokens: int = 20) -> list[int]:
+    """A grounded prompt, what this model greedily writes after it, then the grounded prompt again. Whether a model
+    copies a passage of random tokens depends on how its training came out (the tiny model's weights differ by CPU);
+    here its next tokens follow the same context as its own earlier text, which prompt lookup then finds to propose."""
+    prompt = grounded_prompt(seed)
+    return [*prompt, *hf_greedy(reference, frozenset(), prompt, num_tokens), *prompt]
+
+
+def lookup_agreements(prompt: list[int], output: list[int]) -> list[bool]:
+    """For each decode step of a greedy run of `prompt` at which prompt lookup has a token to propose, whether the
+    model's own next token (from its greedy `output`) is that token. A speculating run produces the same tokens and,
+    until it accepts one, takes these steps one token at a time; the first proposed token does not depend on how many
+    are proposed. So it proposes iff this list is not empty, and accepts a token iff one of them agrees."""
+    agreements = []
+    for i in range(1, len(output) - 1):  # a row proposes only while it has a token left beyond the one it verifies
+        proposed = propose_ngram([*prompt, *output[:i]], 1)
+        if proposed:
+            agreements.append(proposed[0] == output[i])
+    return agreements
+
+
 def assert_greedy_matches_hf_alone_and_mixed(
     engine: ContinuousEngine, reference: PreTrainedModel, mixed_prompts: list[list[int]]
 ) -> None:
     """A grounded request alone, then `mixed_prompts` together beside a logprobs row that never speculates: every
     output token-identical to HF `generate`."""
-    alone = grounded_prompt(0)
+    alone = self_repeating_prompt(reference, 0)
     assert run(engine, "alone", alone, greedy(30)).token_ids == hf_greedy(reference, frozenset(), alone, 30)
     requests = [EngineRequest(f"mixed-{i}", p, greedy(24)) for i, p in enumerate(mixed_prompts)]
     logprobs_row = dataclasses.replace(greedy(24), logprobs=1)
@@ -117,10 +138,19 @@ def test_greedy_output_is_identical_with_and_without_speculation(
 ) -> None:
     serving = serve(endless_runner, dataclasses.replace(tiny_config, speculative_method=method), caplog)
     engine = next(serving)
-    assert_greedy_matches_hf_alone_and_mixed(engine, reference_model, [grounded_prompt(i) for i in range(1, 4)])
+    prompts = [self_repeating_prompt(reference_model, i) for i in range(1, 4)]
+    assert_greedy_matches_hf_alone_and_mixed(engine, reference_model, prompts)
     stats = engine.stats
     if method == "ngram":
-        assert stats.num_accepted_tokens > 0 and stats.num_proposed_tokens >= stats.num_accepted_tokens
+        runs = [(self_repeating_prompt(reference_model, 0), 30), *((prompt, 24) for prompt in prompts)]
+        agreements = [
+            agreement
+            for prompt, num_tokens in runs
+            for agreement in lookup_agreements(prompt, hf_greedy(reference_model, frozenset(), prompt, num_tokens))
+        ]
+        assert agreements, "the model's own text gave prompt lookup nothing to propose"
+        assert stats.num_proposed_tokens > 0 and stats.num_proposed_tokens >= stats.num_accepted_tokens
+        assert (stats.num_accepted_tokens > 0) == any(agreements)
     else:
         assert stats.num_proposed_tokens == 0
     next(serving, None)
@@ -128,13 +158,18 @@ def test_greedy_output_is_identical_with_and_without_speculation(
 
 @pytest.mark.parametrize("method", ["ngram", "self"])
 def test_a_request_overrides_the_workers_speculative_default(
-    method: str, endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+    method: str,
+    endless_runner: ModelRunner,
+    tiny_config: Config,
+    reference_model: PreTrainedModel,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     serving = serve(endless_runner, dataclasses.replace(tiny_config, speculative_method="none"), caplog)
     engine = next(serving)
-    prompt = grounded_prompt(9)
+    prompt = self_repeating_prompt(reference_model, 9)
     plain = run(engine, "default", prompt, greedy(20)).token_ids
     assert engine.stats.num_proposed_tokens == 0
+    assert lookup_agreements(prompt, plain), "the model's own text gave prompt lookup nothing to propose"
     asking = dataclasses.replace(greedy(20), speculative_method=method, num_speculative_tokens=2)
     assert run(engine, "asking", prompt, asking).token_ids == plain
     assert engine.stats.num_proposed_tokens > 0
@@ -164,11 +199,14 @@ def test_rejection_sampling_keeps_the_targets_distribution() -> None:
 
 
 def test_unseeded_sampled_rows_speculate_and_seeded_ones_never_do(
-    endless_runner: ModelRunner, tiny_config: Config, caplog: pytest.LogCaptureFixture
+    endless_runner: ModelRunner,
+    tiny_config: Config,
+    reference_model: PreTrainedModel,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     serving = serve(endless_runner, tiny_config, caplog)
     engine = next(serving)
-    prompt = grounded_prompt(11)
+    prompt = self_repeating_prompt(reference_model, 11)
     seeded = SamplingParams(max_tokens=24, temperature=0.7, seed=3)
     first = run(engine, "seeded", prompt, seeded).token_ids
     assert engine.stats.num_proposed_tokens == 0

@@ -1,0 +1,123 @@
+"""Validation of a batch's input file, line by line, with exactly the checks the interactive endpoints make."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from api.chat.generation import build_generate_request
+from api.chat.prompts import chat_prompt_ids, completion_prompt_ids
+from api.chat.schemas import ChatCompletionRequest, CompletionRequest, StrictModel
+from api.errors import APIError, validation_error_info
+from api.gate.body_checks import check_json_values, load_json_object, unsafe_text_reason
+from api.services import model_info_for
+from api.structured.tools import tool_plan
+from tasks.messages.generation import Endpoint, ErrorInfo, GenerateRequest
+
+MAX_CUSTOM_ID_LENGTH = 512  # the batch_lines.custom_id column
+URL_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS}
+
+
+class InputLine(StrictModel):
+    custom_id: str = Field(min_length=1, max_length=MAX_CUSTOM_ID_LENGTH)
+    method: Literal["POST"]
+    url: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    """A valid line has a request; an invalid one has an error naming its line number."""
+
+    line_no: int
+    custom_id: str | None
+    request: GenerateRequest | None = None
+    error: dict[str, Any] | None = None
+
+
+class LineError(Exception):
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+
+def iter_lines(content: bytes) -> Iterator[tuple[int, bytes]]:
+    """Every non-blank line of a JSONL file with its number, counted from 1 as editors count; lines end at "\n" only
+    (a U+2028 inside a JSON string does not end one)."""
+    start, line_no = 0, 0
+    while start < len(content):
+        end = content.find(b"\n", start)
+        end = len(content) if end < 0 else end
+        line_no += 1
+        raw = content[start:end]
+        start = end + 1
+        if raw.strip():
+            yield line_no, raw
+
+
+def parse_line(
+    batch_model: str | None, line_no: int, raw: bytes, batch_url: str, tenant: str, seen: set[str], max_bytes: int
+) -> ParsedLine:
+    """One line as `tenant`'s request, or its error naming the line: a line is checked as a request body is (size,
+    JSON, numbers, strings, then the endpoint's validation), and must name `batch_model`, the model of the batch's
+    earlier valid lines (None before the first), as OpenAI's batches run one model; call inside an app context."""
+    custom_id = None
+    try:
+        if len(raw) > max_bytes:
+            message = f"The line is {len(raw)} bytes; a request body may have at most {max_bytes}."
+            raise LineError(ErrorInfo(message, code="line_too_large"))
+        value = load_json_object(raw)
+        custom_id = _storable_custom_id(value.get("custom_id"))  # named in the error line, whatever else is wrong
+        check_json_values(value)
+        line = InputLine.model_validate(value)
+        if line.custom_id in seen:
+            message = f"custom_id {line.custom_id!r} repeats an earlier line"
+            raise LineError(ErrorInfo(message, param="custom_id", code="duplicate_custom_id"))
+        seen.add(line.custom_id)
+        if line.url != batch_url:
+            message = f"url must be the batch's endpoint {batch_url}, not {line.url!r}"
+            raise LineError(ErrorInfo(message, param="url", code="invalid_url"))
+        request = generate_request(batch_model, URL_ENDPOINTS[line.url], line.body, tenant)
+    except LineError as exc:
+        return ParsedLine(line_no, custom_id, error=_with_line(exc.info, line_no))
+    except ValidationError as exc:
+        return ParsedLine(line_no, custom_id, error=_with_line(validation_error_info(exc), line_no))
+    except APIError as exc:
+        return ParsedLine(line_no, custom_id, error=_with_line(exc.info, line_no))
+    return ParsedLine(line_no, custom_id, request=request)
+
+
+def _storable_custom_id(value: object) -> str | None:
+    """The line's custom_id as its error line reports it, when the ledger's column takes it (else the checks say
+    why)."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_CUSTOM_ID_LENGTH and unsafe_text_reason(value) is None:
+        return value
+    return None
+
+
+def generate_request(batch_model: str | None, endpoint: Endpoint, body: dict[str, Any], tenant: str) -> GenerateRequest:
+    """The request one line's body makes, validated like a POST to its endpoint; a batch line never streams."""
+    fields = (
+        ChatCompletionRequest.model_validate(body)
+        if endpoint == Endpoint.CHAT
+        else CompletionRequest.model_validate(body)
+    )
+    if fields.stream:
+        raise LineError(ErrorInfo("stream is not supported in batch requests", param="stream", code="invalid_value"))
+    info = model_info_for(fields.model)
+    if batch_model is not None and fields.model != batch_model:
+        message = f"A batch's lines name one model; earlier lines name {batch_model!r}, this one {fields.model!r}"
+        raise LineError(ErrorInfo(message, param="model", code="model_mismatch"))
+    if isinstance(fields, ChatCompletionRequest):
+        tools = tool_plan(info.tokenizer, fields, info.tool_call_parser)
+        prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages, tools.template_tools, fields)
+        return build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools)
+    first, *more = [completion_prompt_ids(info.tokenizer, prompt) for prompt in fields.prompts]
+    return build_generate_request(info, endpoint, fields, first, tenant, more_prompt_ids=more)
+
+
+def _with_line(info: ErrorInfo, line_no: int) -> dict[str, Any]:
+    return {"code": info.code or info.type, "message": info.message, "param": info.param, "line": line_no}

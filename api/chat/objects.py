@@ -1,0 +1,134 @@
+"""OpenAI response objects and stream chunks, built from SQL records and stream events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.messages.completions import choice_logprobs_of, completion_body, service_tier_of
+from tasks.messages.generation import ChoiceResult, Endpoint, EventType, StreamEvent, Usage, UsageDetails
+from tasks.store.models import RequestRecord
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    """What every chunk of one request's stream repeats."""
+
+    request_id: str
+    endpoint: Endpoint
+    model: str
+    created: int
+    include_usage: bool
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> StreamMeta:
+        options = record.body.get("stream_options") or {}
+        return cls(
+            record.id, Endpoint(record.endpoint), record.model, record.created, bool(options.get("include_usage"))
+        )
+
+
+def completion_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
+    """The non-streamed response of a finished request; `tool_parser` reads the calls of a choice that made some."""
+    result = record.result
+    assert result is not None, "completion_object needs a finished request"
+    return completion_body(
+        request_id=record.id,
+        endpoint=Endpoint(record.endpoint),
+        model=record.model,
+        created=record.created,
+        text=result.text,
+        finish_reason=result.finish_reason,
+        usage=Usage(record.prompt_tokens, result.completion_tokens, UsageDetails.from_dict(result.usage_details)),
+        logprobs=result.logprobs,
+        prompt_logprobs=result.prompt_logprobs,
+        extra_choices=[ChoiceResult.from_dict(choice) for choice in result.extra_choices or []],
+        steering=result.steering,
+        monitor=result.monitor,
+        tool_parser=tool_parser,
+    )
+
+
+def request_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
+    """GET /v1/requests/{id}: status, and the response or error once there is one."""
+    result = record.result
+    return {
+        "id": record.id,
+        "object": "request",
+        "endpoint": record.endpoint,
+        "model": record.model,
+        "status": record.status,
+        "created": record.created,
+        "metadata": record.body.get("metadata"),  # as the request gave it (OpenAI's stored completions return it)
+        "response": completion_object(record, tool_parser) if result is not None and result.error is None else None,
+        "error": result.error if result is not None else None,
+    }
+
+
+def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
+    """The SSE payloads one stream event becomes (none, one, or the finish and usage chunks)."""
+    if event.error is not None:
+        return [{"error": event.error.to_dict()}]
+    if event.type == EventType.START:
+        return [_chunk(meta, {"role": "assistant", "content": ""}, None)] if meta.endpoint == Endpoint.CHAT else []
+    if event.type == EventType.DELTA:
+        return _delta_chunks(meta, event)
+    chunks = [_chunk(meta, {}, event.finish_reason.value if event.finish_reason else None)]
+    if meta.include_usage and event.usage is not None:
+        chunks.append({**_envelope(meta), "choices": [], "usage": event.usage.to_dict()})
+    reports = {
+        name: report
+        for name, report in (("steering", event.steering), ("monitor", event.monitor))
+        if report is not None
+    }
+    if reports:
+        chunks.append({**_envelope(meta), "choices": [], **reports})
+    return chunks
+
+
+def _delta_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
+    """New text (with its logprobs), then each tool call entry in a chunk of its own, then the finish reason."""
+    finish_reason = event.finish_reason.value if event.finish_reason else None
+    chunks = []
+    if event.text or event.logprobs or event.prompt_logprobs or (finish_reason and not event.tool_calls):
+        logprobs = choice_logprobs_of(meta.endpoint, event.logprobs, event.text_offset) if event.logprobs else None
+        delta = {"content": event.text} if event.text or not finish_reason else {}
+        last_reason = None if event.tool_calls else finish_reason
+        chunk = _chunk(meta, delta, last_reason, text=event.text, logprobs=logprobs, index=event.index)
+        if event.prompt_logprobs is not None:  # vLLM's: on the choice's first chunk, where chat's response has them
+            owner = chunk if meta.endpoint == Endpoint.CHAT else chunk["choices"][0]
+            owner["prompt_logprobs"] = event.prompt_logprobs
+        chunks.append(chunk)
+    chunks.extend(_chunk(meta, {"tool_calls": [entry]}, None, index=event.index) for entry in event.tool_calls)
+    if event.tool_calls and finish_reason:
+        chunks.append(_chunk(meta, {}, finish_reason, index=event.index))
+    return chunks
+
+
+def _chunk(
+    meta: StreamMeta,
+    delta: dict[str, Any],
+    finish_reason: str | None,
+    text: str = "",
+    logprobs: dict[str, Any] | None = None,
+    index: int = 0,
+) -> dict[str, Any]:
+    if meta.endpoint == Endpoint.CHAT:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    else:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    chunk = {**_envelope(meta), "choices": [choice]}
+    if meta.include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def _envelope(meta: StreamMeta) -> dict[str, Any]:
+    object_name = "chat.completion.chunk" if meta.endpoint == Endpoint.CHAT else "text_completion"
+    return {
+        "id": meta.request_id,
+        "object": object_name,
+        "created": meta.created,
+        "model": meta.model,
+        **service_tier_of(meta.endpoint),
+    }

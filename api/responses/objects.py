@@ -1,0 +1,126 @@
+"""OpenAI's `response` object and its output items, built from a stored response and the request that ran it."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from tasks.messages.generation import FinishReason
+from tasks.messages.tool_calls import parse_reply
+from tasks.store.models import RequestRecord, RequestStatus
+from tasks.store.response_models import ResponseRecord
+
+STATUS_OF_REQUEST = {
+    RequestStatus.QUEUED: "queued",
+    RequestStatus.RUNNING: "in_progress",
+    RequestStatus.FAILED: "failed",
+    RequestStatus.CANCELLED: "cancelled",
+}
+UNFINISHED_ITEM_STATUS = {"incomplete": "incomplete", "cancelled": "incomplete", "failed": "incomplete"}
+
+
+def item_id(prefix: str, response_id: str, output_index: int) -> str:
+    """Deterministic, so a stream, its replay and the stored response name an output item alike."""
+    return f"{prefix}_" + hashlib.sha256(f"{response_id}:{output_index}".encode()).hexdigest()[:32]
+
+
+def tool_call_prefix(record: ResponseRecord) -> str:
+    """What the worker derives call ids from (choice 0 of the request), so the stream and the stored reply agree."""
+    return f"{record.request_id}:0"
+
+
+def response_status(request: RequestRecord) -> str:
+    status = RequestStatus(request.status)
+    if status != RequestStatus.COMPLETED:
+        return STATUS_OF_REQUEST[status]
+    is_cut_short = request.result is not None and request.result.finish_reason == FinishReason.LENGTH.value
+    return "incomplete" if is_cut_short else "completed"
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(record: ResponseRecord, output_index: int, text: str | None, status: str) -> dict[str, Any]:
+    """`text` None: the item as it opens, before its content part."""
+    content = [] if text is None else [text_part(text)]
+    item_key = item_id("msg", record.id, output_index)
+    return {"id": item_key, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def function_call_item(
+    record: ResponseRecord, output_index: int, call_id: str, name: str, arguments: str, status: str
+) -> dict[str, Any]:
+    return {
+        "id": item_id("fc", record.id, output_index),
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def output_items(record: ResponseRecord, tool_parser: str) -> list[dict[str, Any]]:
+    """The reply's text as one message, then its function calls; none until the request has ended."""
+    result = record.request.result
+    if result is None or result.error is not None:
+        return []
+    status = response_status(record.request)
+    item_status = UNFINISHED_ITEM_STATUS.get(status, "completed")
+    if result.finish_reason != FinishReason.TOOL_CALLS.value:
+        return [message_item(record, 0, result.text, item_status)]
+    reply = parse_reply(tool_parser, result.text, tool_call_prefix(record))
+    items = [message_item(record, 0, reply.content, item_status)] if reply.content else []
+    for call in reply.tool_calls:
+        items.append(function_call_item(record, len(items), call.id, call.name, call.arguments, "completed"))
+    return items
+
+
+def usage_object(request: RequestRecord) -> dict[str, Any] | None:
+    result = request.result
+    if result is None:
+        return None
+    cached = int((result.usage_details or {}).get("cached_tokens", 0))
+    return {
+        "input_tokens": request.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": result.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": request.prompt_tokens + result.completion_tokens,
+    }
+
+
+def response_object(record: ResponseRecord, tool_parser: str, in_flight_status: str | None = None) -> dict[str, Any]:
+    """The response as it stands; `in_flight_status` gives the snapshot a stream opens with instead (no output)."""
+    request, params = record.request, record.params
+    status = in_flight_status or response_status(request)
+    is_snapshot = in_flight_status is not None
+    error = request.result.error if request.result is not None and not is_snapshot else None
+    return {
+        "id": record.id,
+        "object": "response",
+        "created_at": record.created_at,
+        "status": status,
+        "background": record.background,
+        "error": None if error is None else {"code": error.get("code") or error["type"], "message": error["message"]},
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": record.instructions,
+        "max_output_tokens": params.get("max_output_tokens"),
+        "max_tool_calls": None,
+        "model": request.model,
+        "output": [] if is_snapshot else output_items(record, tool_parser),
+        "parallel_tool_calls": params.get("parallel_tool_calls", True),
+        "previous_response_id": record.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": record.store,
+        "temperature": params.get("temperature"),
+        "text": params.get("text"),
+        "tool_choice": params.get("tool_choice"),
+        "tools": params.get("tools", []),
+        "top_p": params.get("top_p"),
+        "truncation": "disabled",
+        "usage": None if is_snapshot else usage_object(request),
+        "user": params.get("user"),
+        "metadata": params.get("metadata") or {},
+    }

@@ -1,0 +1,1 @@
+"""What closes work nobody else will: the request and batch reapers, and requests whose worker died."""

@@ -1,0 +1,33 @@
+"""Requests whose worker died: whoever waits on one notices the lapsed lease and records its one error."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from tasks.config import Config
+from tasks.messages.generation import ErrorInfo
+from tasks.store.db import SessionFactory
+from tasks.store.finish import finish_request
+from tasks.store.models import RequestStatus
+from tasks.store.request_store import get_request
+from tasks.streams.cancel_flags import request_cancel
+from tasks.streams.worker_leases import is_worker_alive
+
+logger = logging.getLogger(__name__)
+WORKER_LOST = ErrorInfo("The worker running this request stopped; it was not finished.", "server_error", None,
+                        "worker_lost")  # fmt: skip
+
+
+def fail_if_orphaned(sessions: SessionFactory, client: redis.Redis, config: Config, request_id: str) -> bool:
+    """True if the request was running on a worker whose lease lapsed and this call failed it."""
+    with sessions() as session:
+        record = get_request(session, request_id)
+        if record is None or record.status != RequestStatus.RUNNING.value or record.worker is None:
+            return False
+        if is_worker_alive(client, config, record.worker):
+            return False
+        logger.warning("worker %s stopped renewing its lease; failing %s", record.worker, request_id)
+        request_cancel(client, config, request_id)  # if the worker was only slow, it stops now
+        return finish_request(session, client, config, request_id, error=WORKER_LOST)

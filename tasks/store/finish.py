@@ -1,0 +1,70 @@
+"""The one way a request ends: its result in SQL, then its final stream event, both only once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from sqlalchemy.orm import Session
+
+from tasks.config import Config
+from tasks.messages.generation import ErrorInfo, EventType, FinishReason, StreamEvent, Usage, UsageDetails
+from tasks.store.models import RequestRecord
+from tasks.store.request_store import cancel_if_queued, record_result
+from tasks.streams.cancel_flags import request_cancel
+from tasks.streams.events import append_event
+
+# A result the database refused to store (a value its columns cannot hold): the request or batch line still ends once.
+RESULT_NOT_RECORDED = ErrorInfo("The result could not be recorded.", "server_error", code="result_not_recorded")
+
+
+def finish_request(
+    session: Session,
+    client: redis.Redis,
+    config: Config,
+    request_id: str,
+    *,
+    text: str = "",
+    completion_tokens: int = 0,
+    finish_reason: FinishReason | None = None,
+    error: ErrorInfo | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
+    prompt_logprobs: list[dict[str, Any] | None] | None = None,
+    extra_choices: list[dict[str, Any]] | None = None,
+    steering: dict[str, Any] | None = None,
+    monitor: dict[str, Any] | None = None,
+    usage_details: UsageDetails | None = None,
+) -> bool:
+    """True if this call ended the request; False, streaming nothing, if another writer already had.
+
+    SQL first, so whoever sees the final event can read the result; only the writer of the one result streams
+    the final event, so a stream never carries two."""
+    recorded = record_result(
+        session,
+        request_id,
+        text=text,
+        completion_tokens=completion_tokens,
+        finish_reason=finish_reason,
+        error=error,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        extra_choices=extra_choices,
+        steering=steering,
+        monitor=monitor,
+        usage_details=usage_details.to_dict() if usage_details else None,
+    )
+    if recorded:
+        prompt_tokens = session.get(RequestRecord, request_id).prompt_tokens  # type: ignore[union-attr]
+        usage = Usage(prompt_tokens, completion_tokens, usage_details or UsageDetails())
+        final = StreamEvent(
+            EventType.FINAL, finish_reason=finish_reason, usage=usage, error=error, steering=steering, monitor=monitor
+        )
+        append_event(client, config, request_id, final)
+    return recorded
+
+
+def cancel_request(session: Session, client: redis.Redis, config: Config, request_id: str) -> None:
+    """Stop a request wherever it is: a running one through its cancel flag, a queued one right here."""
+    request_cancel(client, config, request_id)
+    if cancel_if_queued(session, request_id):
+        finish_request(session, client, config, request_id, finish_reason=FinishReason.ABORT)

@@ -1,0 +1,106 @@
+"""Reads and writes of request records; every write commits before anything is enqueued or streamed."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tasks.messages.generation import ErrorInfo, FinishReason
+from tasks.store.models import RequestRecord, RequestStatus, ResultRecord
+
+
+def create_request(session: Session, record: RequestRecord) -> None:
+    session.add(record)
+    session.commit()
+
+
+def get_request(session: Session, request_id: str) -> RequestRecord | None:
+    return session.get(RequestRecord, request_id)
+
+
+def get_owned_request(session: Session, request_id: str, tenant: str) -> RequestRecord | None:
+    """The request if `tenant` owns it: another tenant's is as absent as one that never existed."""
+    record = session.get(RequestRecord, request_id)
+    return record if record is not None and record.tenant == tenant else None
+
+
+def claim_request(session: Session, request_id: str, worker: str) -> RequestStatus | None:
+    """Mark a queued request running on `worker`; returns the status it had before (None if unknown)."""
+    claimed = session.execute(
+        update(RequestRecord)
+        .where(RequestRecord.id == request_id, RequestRecord.status == RequestStatus.QUEUED.value)
+        .values(status=RequestStatus.RUNNING.value, started_at=datetime.now(timezone.utc), worker=worker)
+    )
+    session.commit()
+    if claimed.rowcount == 1:
+        return RequestStatus.QUEUED
+    status = session.scalar(select(RequestRecord.status).where(RequestRecord.id == request_id))
+    session.commit()
+    return RequestStatus(status) if status is not None else None
+
+
+def record_result(
+    session: Session,
+    request_id: str,
+    *,
+    text: str,
+    completion_tokens: int,
+    finish_reason: FinishReason | None,
+    error: ErrorInfo | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
+    prompt_logprobs: list[dict[str, Any] | None] | None = None,
+    extra_choices: list[dict[str, Any]] | None = None,
+    steering: dict[str, Any] | None = None,
+    monitor: dict[str, Any] | None = None,
+    usage_details: dict[str, Any] | None = None,
+) -> bool:
+    """Store the one result of a request; True if this call stored it, False if another writer had."""
+    if session.get(ResultRecord, request_id) is not None:
+        return False
+    status = _final_status(finish_reason, error)
+    session.add(
+        ResultRecord(
+            request_id=request_id,
+            text=text,
+            finish_reason=finish_reason.value if finish_reason else None,
+            completion_tokens=completion_tokens,
+            error=error.to_dict() if error else None,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            extra_choices=extra_choices,
+            steering=steering,
+            monitor=monitor,
+            usage_details=usage_details,
+            finished_at=datetime.now(timezone.utc),
+        )
+    )
+    session.execute(update(RequestRecord).where(RequestRecord.id == request_id).values(status=status.value))
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()  # another writer recorded it first; theirs stands
+        return False
+    return True
+
+
+def cancel_if_queued(session: Session, request_id: str) -> bool:
+    """Mark cancelled a request no worker has taken yet; True if this call did (its result is the caller's to add)."""
+    claimed = session.execute(
+        update(RequestRecord)
+        .where(RequestRecord.id == request_id, RequestRecord.status == RequestStatus.QUEUED.value)
+        .values(status=RequestStatus.CANCELLED.value)
+    )
+    session.commit()
+    return claimed.rowcount == 1
+
+
+def _final_status(finish_reason: FinishReason | None, error: ErrorInfo | None) -> RequestStatus:
+    if error is not None:
+        return RequestStatus.FAILED
+    if finish_reason == FinishReason.ABORT:
+        return RequestStatus.CANCELLED
+    return RequestStatus.COMPLETED

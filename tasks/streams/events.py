@@ -1,0 +1,134 @@
+"""Request and batch streams in Redis: the worker appends JSON events, the api and waiting workers read and follow
+them to the final one."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+
+import redis
+
+from tasks.config import Config
+from tasks.messages.generation import EventType, StreamEvent
+from tasks.streams.redis_keys import RedisKeys
+
+STREAM_START = "0-0"
+ENTRIES_PER_READ = 256  # of one stream, by one XREAD
+MAX_ENTRY_PART = 2**64 - 1  # both parts of a stream entry id are unsigned 64-bit integers
+# (key, after_id, block_ms) -> the JSON events after after_id, None each block_ms with none: read_json with its
+# client bound, or the api's StreamHub.read_json
+JsonReader = Callable[[str, str, int], Iterator[tuple[str, dict] | None]]
+
+
+def append_event(client: redis.Redis, config: Config, request_id: str, event: StreamEvent) -> str:
+    return append_json(client, config, RedisKeys(config.redis_prefix).request_stream(request_id), event.to_dict())
+
+
+def append_json(client: redis.Redis, config: Config, key: str, event: dict) -> str:
+    """XADD one JSON event to a bounded stream that expires `stream_ttl_s` after its last entry."""
+    [entry_id] = append_json_many(client, config, key, [event])
+    return entry_id
+
+
+def append_json_many(client: redis.Redis, config: Config, key: str, events: list[dict]) -> list[str]:
+    """`append_json` for several events in one round trip, in order."""
+    return append_json_to_streams(client, config, [(key, event) for event in events])
+
+
+def append_json_to_streams(client: redis.Redis, config: Config, entries: list[tuple[str, dict]]) -> list[str]:
+    """`append_json` for (stream key, event) pairs of any number of streams, in one round trip and one transaction;
+    each stream gets its events in the order given and its expiry set once."""
+    pipe = client.pipeline(transaction=True)
+    for key, event in entries:
+        pipe.xadd(key, {"event": json.dumps(event)}, maxlen=config.stream_maxlen, approximate=True)
+    for key in dict.fromkeys(key for key, _ in entries):
+        pipe.expire(key, config.stream_ttl_s)
+    return [str(entry_id) for entry_id in pipe.execute()[: len(entries)]]
+
+
+def read_events(read: JsonReader, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, StreamEvent] | None]:
+    """Entries after `after_id` as they arrive, for ever; None each time `block_ms` passes with none."""
+    for item in read(key, after_id, block_ms):
+        yield None if item is None else (item[0], StreamEvent.from_dict(item[1]))
+
+
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<milliseconds>-<sequence>") as a sortable pair; ValueError if Redis would refuse it."""
+    milliseconds, sequence = (int(part) for part in entry_id.split("-"))
+    if not (0 <= milliseconds <= MAX_ENTRY_PART and 0 <= sequence <= MAX_ENTRY_PART):
+        raise ValueError(f"{entry_id!r} is outside Redis's range of stream entry ids")
+    return milliseconds, sequence
+
+
+def entry_before(entry_id: str) -> str:
+    """The greatest id below `entry_id` (STREAM_START for itself): reading after it starts at `entry_id`."""
+    milliseconds, sequence = entry_order(entry_id)
+    if sequence > 0:
+        return f"{milliseconds}-{sequence - 1}"
+    if milliseconds > 0:
+        return f"{milliseconds - 1}-{MAX_ENTRY_PART}"
+    return STREAM_START
+
+
+def read_json(client: redis.Redis, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, dict] | None]:
+    """The JSON events of `append_json` after `after_id`, for ever; None each time `block_ms` passes with none."""
+    while True:
+        reply = client.xread({key: after_id}, count=ENTRIES_PER_READ, block=block_ms)
+        if not reply:
+            yield None
+            continue
+        for entry_id, fields in reply[0][1]:
+            after_id = entry_id
+            yield entry_id, json.loads(fields["event"])
+
+
+class DeadlinePassed(Exception):
+    """The stream did not reach its final event in time."""
+
+
+def follow_events(
+    read: JsonReader,
+    key: str,
+    after_id: str,
+    *,
+    idle_s: float,
+    timeout_s: float,
+    on_idle: Callable[[], object] = lambda: None,
+) -> Iterator[tuple[str, StreamEvent] | None]:
+    """Entries after `after_id` through the final one; None after each quiet `idle_s`, once `on_idle` has run.
+
+    Raises DeadlinePassed when `timeout_s` runs out first (noticed within `idle_s`)."""
+    deadline = time.monotonic() + timeout_s
+    for item in read_events(read, key, after_id, int(idle_s * 1000)):
+        if time.monotonic() >= deadline:
+            raise DeadlinePassed(key)
+        if item is None:
+            on_idle()
+        yield item
+        if item is not None and item[1].type == EventType.FINAL:
+            return
+
+
+def wait_for_final(
+    read: JsonReader,
+    key: str,
+    *,
+    idle_s: float,
+    timeout_s: float,
+    on_idle: Callable[[], object] = lambda: None,
+    on_tick: Callable[[], object] = lambda: None,
+) -> StreamEvent | None:
+    """The request's final event; None if `timeout_s` passes first. `on_idle` runs after each quiet `idle_s`;
+    `on_tick` about every `idle_s` whether events flow or not."""
+    last_tick = time.monotonic()
+    try:
+        for item in follow_events(read, key, STREAM_START, idle_s=idle_s, timeout_s=timeout_s, on_idle=on_idle):
+            if item is not None and item[1].type == EventType.FINAL:
+                return item[1]
+            if time.monotonic() - last_tick >= idle_s:
+                on_tick()
+                last_tick = time.monotonic()
+    except DeadlinePassed:
+        return None
+    raise AssertionError("follow_events ends only at the final event")

@@ -1,0 +1,87 @@
+"""The SQL ledger on SQLite and PostgreSQL, with the schema built by Alembic from empty."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+from sqlalchemy.orm import Session
+
+from tasks.messages.generation import ErrorInfo, FinishReason
+from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
+from tasks.store.models import RequestRecord, RequestStatus
+from tasks.store.request_store import claim_request, create_request, get_request, record_result
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def session(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Session]:
+    if request.param == "postgresql":
+        database_url = request.getfixturevalue("postgres_url")
+    else:
+        database_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade_to_head(database_url)
+    upgrade_to_head(database_url)  # idempotent
+    engine = make_db_engine(database_url)
+    assert {"requests", "results", "alembic_version"} <= set(inspect(engine).get_table_names())
+    with make_session_factory(engine)() as db:
+        yield db
+        db.query(RequestRecord).delete()
+        db.commit()
+    engine.dispose()
+
+
+def new_record(request_id: str) -> RequestRecord:
+    return RequestRecord(
+        id=request_id,
+        endpoint="chat.completions",
+        model="tiny",
+        status=RequestStatus.QUEUED.value,
+        body={"messages": [{"role": "user", "content": "hé"}]},
+        prompt_tokens=3,
+        created=1700000000,
+    )
+
+
+def test_request_lifecycle(session: Session) -> None:
+    create_request(session, new_record("chatcmpl-a"))
+    assert claim_request(session, "chatcmpl-a", "w1") == RequestStatus.QUEUED
+    assert claim_request(session, "chatcmpl-a", "w1") == RequestStatus.RUNNING
+    assert record_result(session, "chatcmpl-a", text="hello", completion_tokens=2, finish_reason=FinishReason.STOP)
+    assert not record_result(
+        session, "chatcmpl-a", text="again", completion_tokens=9, finish_reason=FinishReason.LENGTH
+    )
+    session.expire_all()
+    record = get_request(session, "chatcmpl-a")
+    assert record is not None and record.status == "completed" and record.is_finished
+    assert record.result is not None and (record.result.text, record.result.completion_tokens) == ("hello", 2)
+    assert record.body["messages"][0]["content"] == "hé" and record.worker == "w1"
+
+
+def test_abort_and_error_map_to_statuses(session: Session) -> None:
+    create_request(session, new_record("chatcmpl-b"))
+    create_request(session, new_record("chatcmpl-c"))
+    record_result(session, "chatcmpl-b", text="", completion_tokens=1, finish_reason=FinishReason.ABORT)
+    record_result(session, "chatcmpl-c", text="", completion_tokens=0, finish_reason=None, error=ErrorInfo("x"))
+    session.expire_all()
+    assert get_request(session, "chatcmpl-b").status == "cancelled"  # type: ignore[union-attr]
+    assert get_request(session, "chatcmpl-c").status == "failed"  # type: ignore[union-attr]
+    assert claim_request(session, "chatcmpl-c", "w1") == RequestStatus.FAILED
+    assert claim_request(session, "chatcmpl-missing", "w1") is None
+
+
+def test_migrations_upgrade_a_database_made_at_the_first_revision(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    from tasks.config import REPO_ROOT
+
+    database_url = f"sqlite:///{tmp_path / 'old.db'}"
+    alembic_config = AlembicConfig(str(REPO_ROOT / "alembic.ini"))
+    alembic_config.set_main_option("sqlalchemy.url", database_url)
+    command.upgrade(alembic_config, "0001")
+    upgrade_to_head(database_url)
+    columns = {column["name"] for column in inspect(make_db_engine(database_url)).get_columns("requests")}
+    assert "worker" in columns
+    command.downgrade(alembic_config, "base")
