@@ -16,7 +16,7 @@ from steering.model_layout import ModelLayout
 from steering.sae import SAE
 from steering.sae_math import encode, steering_direction
 from tasks.config import Config
-from tasks.steering_messages import MonitorSpec, SteeringFeature, SteeringSpec
+from tasks.messages.steering import MonitorSpec, SteeringFeature, SteeringSpec
 from tests.steering.reference_hooks import READ_SITES, reference_hook, reference_module
 from tests.steering.sae_folders import random_tensors, sae_lens_6_cfg, write_sae_folder
 from tests.worker.engine_harness import Collector, greedy, hf_greedy, load_runner, run, serve
