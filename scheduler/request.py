@@ -19,7 +19,7 @@ class RequestStatus(str, Enum):
 FINISHED_STATUSES = frozenset(
     {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
 )
-# The same strings as tasks.messages.FinishReason, which the scheduler does not import (stdlib only).
+# The same strings as tasks.messages.generation.FinishReason, which the scheduler does not import (stdlib only).
 FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",

@@ -37,17 +37,19 @@ def load_model_info(config: Config) -> ModelInfo:
         raise ValueError(f"TOOL_CALL_PARSER={config.tool_call_parser!r}: use one of {', '.join(PARSERS)}")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(config.model)
     model_config = _read_model_config(config.model)
-    max_model_len = config.max_model_len or model_config["max_position_embeddings"]
+    text_config = model_config.get("text_config") or model_config
+    max_model_len = config.max_model_len or config_value(text_config, "max_position_embeddings")
+    if not max_model_len:
+        raise ValueError(f"{config.model}'s config.json names no context length: set MAX_MODEL_LEN")
     # what a prompt's characters are bounded by (api/chat/prompt_bounds.py)
     tokenizer.model_max_length = int(max_model_len)
     logger.info("tokenizer of %s loaded; max_model_len=%d", config.model, max_model_len)
-    text_config = model_config.get("text_config") or model_config
-    num_layers = int(text_config.get("num_hidden_layers", 0))
+    num_layers = config_value(text_config, "num_hidden_layers")
     return ModelInfo(
         name=config.model_name,
         max_model_len=int(max_model_len),
         tokenizer=tokenizer,
-        hidden_size=int(text_config.get("hidden_size", 0)),
+        hidden_size=config_value(text_config, "hidden_size"),
         num_layers=num_layers,
         speculative_methods=_speculative_methods(config, num_layers),
         tool_call_parser=config.tool_call_parser,
@@ -62,6 +64,16 @@ def _speculative_methods(config: Config, num_layers: int) -> frozenset[str]:
     if config.speculative_draft_model:
         methods.add("draft")
     return frozenset(methods)
+
+
+# What GPT-2-style config.json files call these (transformers maps them with each config class's attribute_map, but a
+# config class imports torch, which the api never loads).
+CONFIG_ALIASES = {"num_hidden_layers": "n_layer", "hidden_size": "n_embd", "max_position_embeddings": "n_positions"}
+
+
+def config_value(text_config: dict, name: str) -> int:
+    """A size from config.json under its usual name or its GPT-2-style alias; 0 when it has neither."""
+    return int(text_config.get(name, text_config.get(CONFIG_ALIASES[name], 0)) or 0)
 
 
 def _read_model_config(model: str) -> dict:
