@@ -9,7 +9,6 @@ chunk in one or two kernel launches.
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +16,7 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 from worker.engine.attention.backend import AttentionBackend
+from worker.engine.attention.block_tables import int64_tensor, padded_block_tables
 from worker.engine.attention.kv_pool import KVPool
 from worker.kernels.cpu_decode_kernel import DecodeStep
 
@@ -126,27 +126,6 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, backen
         flash=_flash_metadata(chunks, device) if for_flash else None,
         triton=_triton_step(chunks, slot_mapping, kv_pool, device) if for_triton else None,
     )
-
-
-def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    """[len(values)] int64 on `device`. Through an array rather than torch.tensor(list): a step builds several of
-    these, and torch.tensor converts a list 3x slower."""
-    if not values:
-        return torch.empty(0, dtype=torch.int64, device=device)
-    tensor = torch.frombuffer(array("q", values), dtype=torch.int64)
-    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
-
-
-def padded_block_tables(chunks: list[ScheduledChunk]) -> torch.Tensor:
-    """[R, max_blocks] int64 on the CPU, padded with block 0 (masked out wherever it pads)."""
-    tables = [chunk.request.block_table for chunk in chunks]
-    width = max(map(len, tables))
-    flat: list[int] = []
-    for table in tables:
-        flat += table
-        if len(table) < width:
-            flat += [0] * (width - len(table))
-    return int64_tensor(flat, torch.device("cpu")).view(len(chunks), width)
 
 
 def _decode_groups(chunks: list[ScheduledChunk], kv_pool: KVPool, device: torch.device) -> list[DecodeRows]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from scheduler.batch import ScheduledChunk
+from worker.engine.attention.block_tables import padded_block_tables
 from worker.engine.attention.kv_pool import KVPool
-from worker.engine.attention.paged_step import padded_block_tables
 from worker.kernels.triton_decode import num_decode_splits, paged_decode
 from worker.kernels.triton_prefill import paged_prefill
 
