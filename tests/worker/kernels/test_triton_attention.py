@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from triton.runtime.interpreter import InterpretedFunction
 
 from worker.kernels import triton_decode, triton_prefill
+from worker.kernels.layer_variant import LayerVariant
 from worker.kernels.triton_decode import num_decode_splits, paged_decode
 from worker.kernels.triton_prefill import paged_prefill
 
@@ -116,7 +117,8 @@ def test_paged_decode_equals_sdpa(
 
     paged_decode(
         queries, stored_keys, values, tables, torch.tensor(lens, dtype=torch.int32, device=device),
-        torch.tensor(token_index, dtype=torch.int32, device=device), out, head_dim**-0.5, num_splits, keys_transposed,
+        torch.tensor(token_index, dtype=torch.int32, device=device), out, LayerVariant(head_dim**-0.5), num_splits,
+        keys_transposed,
     )  # fmt: skip
 
     for row, (token, length) in enumerate(zip(token_index, lens, strict=True)):
@@ -166,7 +168,7 @@ def test_paged_prefill_equals_causal_sdpa(
     lengths = [length for _, length in chunks]
     paged_prefill(
         queries, stored_keys, values, tables, int32(query_starts), int32(lengths), int32([s for s, _ in chunks]),
-        max(lengths), out, head_dim**-0.5, keys_transposed,
+        max(lengths), out, LayerVariant(head_dim**-0.5), keys_transposed,
     )  # fmt: skip
 
     written = set()
