@@ -11,6 +11,7 @@ import triton.language as tl
 from worker.kernels.layer_variant import LayerVariant
 
 LOG2_E = 1.4426950408889634  # the kernels keep scores in base 2, for exp2
+KERNEL_LOG2_E = tl.constexpr(LOG2_E)  # the same, as a global that @triton.jit functions may read
 MIN_DOT_SIZE = 16  # tl.dot's smallest tile side on GPUs: narrower heads and groups are padded and masked
 
 
@@ -50,7 +51,7 @@ def capped_scores(dot_products, scale_log2, cap_scale, cap_log2, HAS_SOFTCAP: tl
     cap_scale is scale / softcap and cap_log2 softcap * log2(e)). tanh through exp2, which every backend has."""
     if HAS_SOFTCAP:
         x = dot_products * cap_scale
-        t = tl.exp2(-2.0 * LOG2_E * tl.abs(x))
+        t = tl.exp2(-2.0 * KERNEL_LOG2_E * tl.abs(x))
         magnitude = (1.0 - t) / (1.0 + t)
         return tl.where(x < 0, -magnitude, magnitude) * cap_log2
     return dot_products * scale_log2
@@ -60,7 +61,7 @@ def capped_scores(dot_products, scale_log2, cap_scale, cap_log2, HAS_SOFTCAP: tl
 def with_sinks(max_score, sum_exp, acc, sinks_ptr, heads, mask_heads):
     """The running softmax of each head's row with its sink (a logit, in base e) joined as a key with no value:
     (max, sum of exp2, accumulated values) rescaled to the new max."""
-    sinks = tl.load(sinks_ptr + heads, mask=mask_heads, other=0.0).to(tl.float32) * LOG2_E
+    sinks = tl.load(sinks_ptr + heads, mask=mask_heads, other=0.0).to(tl.float32) * KERNEL_LOG2_E
     new_max = tl.maximum(max_score, sinks)
     rescale = tl.exp2(max_score - new_max)
     return new_max, sum_exp * rescale + tl.exp2(sinks - new_max), acc * rescale[:, None]

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from worker.kernels.layer_variant import LayerVariant
 from worker.kernels.triton_common import (
-    LOG2_E,
+    KERNEL_LOG2_E,
     capped_scores,
     dot,
     dot_precision,
@@ -151,7 +151,7 @@ def _merge_splits_kernel(
     lse = tl.load(lse_ptr + base + offs_s)  # [S]
     top = tl.max(lse, 0)  # the first split is never empty, so the max is finite
     if HAS_SINKS:  # the head's sink joins the softmax as one more split with no value
-        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2_E
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * KERNEL_LOG2_E
         top = tl.maximum(top, sink)
     weights = tl.exp2(lse - top)
     total = tl.sum(weights, 0)

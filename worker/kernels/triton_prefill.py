@@ -107,7 +107,8 @@ def _prefill_kernel(
         is_visible = (offs_n[None, :] <= positions[:, None]) & mask_n[None, :]
         is_visible &= (window == 0) | (offs_n[None, :] > positions[:, None] - window)
         scores = tl.where(is_visible, scores, float("-inf"))
-        # a query whose window starts past this tile sees none of it: its max stays -inf, taken as 0 (exp2 gives 0s)
+        # a query that sees no key of the tiles so far (its window starting past them) keeps a max of -inf: taken as 0,
+        # so that exp2 gives 0s rather than NaN
         new_max = tl.maximum(max_score, tl.max(scores, 1))
         new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         rescale = tl.exp2(max_score - new_max)
@@ -121,6 +122,7 @@ def _prefill_kernel(
     if HAS_SINKS:
         max_score, sum_exp, acc = with_sinks(max_score, sum_exp, acc, sinks_ptr, head + tl.zeros_like(offs_m), mask_m)
     out_ptrs = out_ptr + ((query_start + offs_m)[:, None] * num_heads + head) * head_dim + offs_d[None, :]
+    sum_exp = tl.where(mask_m, sum_exp, 1.0)  # tile rows past the chunk, never stored, may see no key in a window
     tl.store(out_ptrs, (acc / sum_exp[:, None]).to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 

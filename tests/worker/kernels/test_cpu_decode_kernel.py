@@ -11,6 +11,7 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
+from tests.worker.kernels.attention_reference import VARIANTS, layer_variant, reference_attention
 from worker.engine.attention.backend import AttentionBackend
 from worker.engine.attention.gather_attention import decode_attention, gather_blocks, gather_keys
 from worker.engine.attention.kv_pool import KVPool, KVShape
@@ -81,6 +82,38 @@ def test_kernel_equals_the_gather_path(
     torch.testing.assert_close(attended, gathered_attention(query, k_cache, v_cache, tables, lens))
 
 
+@pytest.mark.parametrize(("window", "softcap", "has_sinks"), VARIANTS)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(4, 2, 32, 16), (8, 2, 64, 16), (6, 2, 24, 16), (4, 2, 80, 8)],  # fixed and generic sums and scores
+)
+def test_kernel_applies_the_layer_variant(
+    kernel: CpuDecodeKernel,
+    window: int | None,
+    softcap: float | None,
+    has_sinks: bool,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    torch.manual_seed(num_heads * 100 + head_dim)
+    num_blocks = 64
+    k_cache, v_cache = (torch.randn(num_kv_heads, num_blocks, block_size, head_dim) for _ in "kv")
+    lens = [1, 20, 21, 22, block_size + 5, 70]  # within the window, at it, just past it, far past it
+    width = -(-max(lens) // block_size)
+    tables = torch.randperm(num_blocks)[: len(lens) * width].view(len(lens), width)
+    query = torch.randn(len(lens), num_heads, head_dim)
+    variant = layer_variant(head_dim**-0.5, num_heads, window, softcap, has_sinks)
+
+    keys_transposed = k_cache.transpose(2, 3).contiguous()
+    attended = kernel.attention(query, keys_transposed, v_cache, tables, torch.tensor(lens), max(lens), variant)
+
+    for row, length in enumerate(lens):
+        expected = reference_attention(query[row : row + 1], k_cache, v_cache, tables[row], length - 1, variant)
+        torch.testing.assert_close(attended[row : row + 1], expected)
+
+
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
     [(4, 2, 32, 16), (16, 2, 32, 16), (6, 2, 64, 16), (8, 2, 128, 16), (6, 2, 24, 16), (4, 2, 80, 8)],
@@ -110,7 +143,7 @@ def test_decode_step_equals_the_pool_write_then_attention(
     query, key, value = (
         torch.randn(1, len(lens), heads, head_dim).transpose(1, 2) for heads in (num_heads, num_kv_heads, num_kv_heads)
     )
-    variant, max_len = LayerVariant(head_dim**-0.5), int(lens.max())
+    variant, max_len = layer_variant(head_dim**-0.5, num_heads, 21, 0.8, True), int(lens.max())  # every variant
 
     pools[0].write(0, slots, key[0], value[0])
     expected = kernel.attention(
