@@ -68,7 +68,8 @@ def paged_attention_at(
         return table.kernel_step(layer_idx, query, key, value, variant)
     queries = query[0].transpose(0, 1)  # [N, H, D]
     kv_pool.write(layer_idx, paged_step.slot_mapping, key[0], value[0])
-    output = torch.empty_like(queries)
+    # contiguous whatever the queries' strides (gpt-oss hands them heads-major): what the compiled op declares
+    output = torch.empty(queries.shape, dtype=queries.dtype, device=queries.device)
     if table is not None and kv_pool.decode_kernel is not None:  # decode rows among prefill chunks
         k_cache, v_cache = kv_pool.layer(layer_idx)
         rows = queries.index_select(0, table.token_index)
