@@ -20,7 +20,7 @@ from tests.worker.engine_harness import Collector, greedy, hf_greedy, load_runne
 from tests.worker.family_configs import SLIDING_WINDOW, write_family_model
 from worker.engine.attention.backend import AttentionBackend
 from worker.engine.continuous_engine import ContinuousEngine
-from worker.engine.interface import EngineRequest
+from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner
 
 # Mixtral and Qwen3-MoE slide only when their config says so: here they do, so that their MoE layers run past a window
@@ -51,14 +51,13 @@ def family_model(
     return write_family_model(family, tmp_path_factory.mktemp(family), tiny_model_dir, **VARIANT_OVERRIDES[family])
 
 
-@pytest.fixture(params=BACKENDS)
-def variant_engine(
-    request: pytest.FixtureRequest, family_model: tuple[Path, PreTrainedModel], caplog: pytest.LogCaptureFixture
+def engine_over(
+    model_dir: Path, backend: str, caplog: pytest.LogCaptureFixture
 ) -> Iterator[tuple[ContinuousEngine, ModelRunner]]:
     config = Config(
-        model=str(family_model[0]),
+        model=str(model_dir),
         device="cpu",
-        attention_backend=request.param,
+        attention_backend=backend,
         max_num_seqs=8,
         kv_cache_tokens=4096,
         prefill_chunk_size=PREFILL_CHUNK,
@@ -67,6 +66,20 @@ def variant_engine(
     runner = load_runner(config, stops_at_eos=False)
     for engine in serve(runner, config, caplog):
         yield engine, runner
+
+
+@pytest.fixture(params=BACKENDS)
+def variant_engine(
+    request: pytest.FixtureRequest, family_model: tuple[Path, PreTrainedModel], caplog: pytest.LogCaptureFixture
+) -> Iterator[tuple[ContinuousEngine, ModelRunner]]:
+    yield from engine_over(family_model[0], request.param, caplog)
+
+
+@pytest.fixture
+def default_engine(
+    family_model: tuple[Path, PreTrainedModel], caplog: pytest.LogCaptureFixture
+) -> Iterator[tuple[ContinuousEngine, ModelRunner]]:
+    yield from engine_over(family_model[0], "auto", caplog)
 
 
 def run_greedy(engine: ContinuousEngine, prompts: list[list[int]], method: str | None = None) -> list[Collector]:
@@ -134,3 +147,28 @@ def test_greedy_tokens_equal_hf_past_the_window_on_every_backend(
     hits_before = engine.stats.prefix_cache_hit_blocks
     assert greedy_tokens(engine, [SHARED_PREFIX]) == [expected(SHARED_PREFIX)]
     assert engine.stats.prefix_cache_hit_blocks - hits_before == 4  # 64 tokens from the cache, past the window
+
+
+def test_a_model_whose_every_layer_slides_holds_about_a_window_of_blocks(
+    default_engine: tuple[ContinuousEngine, ModelRunner],
+) -> None:
+    """Mistral-shaped models give back the blocks that fell out of every layer's window as a request goes; a model
+    with a layer that attends to everything holds them all."""
+    engine, runner = default_engine
+    held: list[int] = []  # blocks requests hold at each output, decoding (the callback runs on the engine thread)
+
+    class Recording(Collector):
+        def __call__(self, output: EngineOutput) -> None:
+            held.append(engine.num_blocks - engine.num_free_blocks)
+            super().__call__(output)
+
+    recording = Recording()
+    engine.submit(EngineRequest("long", PROMPTS[0], greedy(MAX_TOKENS)), recording)
+    recording.wait()
+    block_size, num_tokens = runner.kv_pool.block_size, len(PROMPTS[0]) + MAX_TOKENS
+    decoding, finished = held[:-1], held[-1]
+    if None in runner.kv_pool.windows:
+        assert max(decoding) == -(-(num_tokens - 1) // block_size)  # every token but the last computed, in full
+    else:  # the window's blocks, and the new token's
+        assert max(decoding) <= -(-SLIDING_WINDOW // block_size) + 1
+    assert finished == 0

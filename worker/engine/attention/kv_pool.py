@@ -116,6 +116,12 @@ class KVPool:
         return self.cache.numel() * self.cache.element_size()
 
 
+def every_layer_window(pool: KVPool) -> int | None:
+    """The widest sliding window when every layer of the pool's model slides (a request's blocks before it are then
+    seen by no later query); None when some layer attends to all earlier tokens."""
+    return None if None in pool.windows else max(pool.windows)
+
+
 def num_pool_tokens(config: Config, bytes_per_token: int, device: torch.device, max_model_len: int) -> int:
     """KV_CACHE_TOKENS when set; else a fraction of free CUDA memory, or enough for every sequence at full length
     on CPU (capped by a share of available RAM)."""
