@@ -48,10 +48,10 @@ def is_interpreted() -> bool:
 @triton.jit
 def capped_scores(dot_products, scale_log2, cap_scale, cap_log2, HAS_SOFTCAP: tl.constexpr):
     """Scores in base 2: q . k times the scale, or soft-capped first as softcap * tanh(scale * q . k / softcap) (then
-    cap_scale is scale / softcap and cap_log2 softcap * log2(e)). tanh through exp2, which every backend has."""
+    cap_scale is scale / softcap and cap_log2 softcap * log2(e)). tanh through exp, which every backend has."""
     if HAS_SOFTCAP:
         x = dot_products * cap_scale
-        t = tl.exp2(-2.0 * KERNEL_LOG2_E * tl.abs(x))
+        t = tl.exp(-2.0 * tl.abs(x))
         magnitude = (1.0 - t) / (1.0 + t)
         return tl.where(x < 0, -magnitude, magnitude) * cap_log2
     return dot_products * scale_log2
