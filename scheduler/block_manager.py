@@ -4,6 +4,11 @@ With prefix caching, a full block is known by a chained hash (its parent's hash,
 steering key, since steering changes the K/V). A new request takes every leading block already in the pool by
 reference, after checking the stored tokens, not just the hash. Blocks nobody references stay cached, in
 least-recently-freed order, until an allocation needs them.
+
+When every layer of the model attends through a sliding window (Mistral), a request's leading blocks that no later
+query can see are handed back as it goes, so a long context holds about a window of blocks. Their block table
+entries stay, as block 0, so that a position still finds its block by `position // block_size`; the kernels never
+read an entry before the window.
 """
 
 from __future__ import annotations
@@ -30,12 +35,19 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        sliding_window: int | None = None,  # the widest layer window when every layer slides; None: some do not
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of one slot, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self._blocks = [Block(block_id) for block_id in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # unreferenced, LRU first
         self._cached: dict[bytes, int] = {}  # hash -> block id
@@ -67,13 +79,30 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drops the request's references; the tail first, so shared leading blocks outlive it in the cache."""
-        for block_id in reversed(request.block_table):
-            block = self._blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
+        for block_id in reversed(request.block_table[request.num_released_blocks :]):
+            self._drop_reference(block_id)
         request.block_table = []
         request.block_hashes = []
+        request.num_released_blocks = 0
+
+    def release_out_of_window(self, request: Request) -> None:
+        """With every layer sliding, hands back the request's leading blocks that its next query (at position
+        num_computed_tokens) and every later one no longer see: those wholly before position
+        num_computed_tokens - sliding_window + 1. Call it after `cache_full_blocks`, which registers them first."""
+        if self.sliding_window is None:
+            return
+        first_seen = max(0, request.num_computed_tokens - self.sliding_window + 1)
+        num_unseen = min(first_seen // self.block_size, len(request.block_table))
+        for index in range(request.num_released_blocks, num_unseen):
+            self._drop_reference(request.block_table[index])
+            request.block_table[index] = 0
+        request.num_released_blocks = max(request.num_released_blocks, num_unseen)
+
+    def _drop_reference(self, block_id: int) -> None:
+        block = self._blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self._free[block_id] = None
 
     def reuse_cached_prefix(self, request: Request) -> PrefixLookup:
         """Gives a request with nothing computed every leading full block already cached. At least one token is
@@ -117,7 +146,8 @@ class BlockManager:
 
     def num_reclaimable_blocks(self, request: Request) -> int:
         """Blocks freeing the request would return to the pool: those no other request holds."""
-        return sum(1 for block_id in request.block_table if self._blocks[block_id].ref_count == 1)
+        held = request.block_table[request.num_released_blocks :]
+        return sum(1 for block_id in held if self._blocks[block_id].ref_count == 1)
 
     def _key(self, request: Request, index: int, parent: bytes | None) -> BlockKey:
         start = index * self.block_size

@@ -41,6 +41,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the blocks
     block_table: list[int] = field(default_factory=list)
+    num_released_blocks: int = 0  # leading blocks handed back once out of every layer's window; their entries read 0
     block_hashes: list[bytes] = field(default_factory=list)  # of the full blocks cached so far, in order
     num_cached_tokens: int = -1  # prompt tokens the prefix cache served at first admission; -1 before it
     spec_token_ids: list[int] = field(default_factory=list)  # proposed to follow the output, verified next step

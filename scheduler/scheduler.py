@@ -25,6 +25,7 @@ class SchedulerConfig:
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool = False
+    sliding_window: int | None = None  # the widest layer window when every layer slides: older blocks are freed
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk_size", "max_model_len"):
@@ -44,7 +45,9 @@ class TokenUpdate:
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, config.sliding_window
+        )
         self.waiting: list[Request] = []  # kept sorted by (priority, arrival)
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -97,10 +100,12 @@ class Scheduler:
             if not chunk.is_sampling:
                 request.num_computed_tokens = end
                 self.block_manager.cache_full_blocks(request)
-                continue
-            tokens = next(sampled)
-            request.num_computed_tokens = end - chunk.num_spec_tokens + max(len(tokens) - 1, 0)
-            updates.append(self._append_tokens(request, tokens))  # caches its full blocks before it may finish
+            else:
+                tokens = next(sampled)
+                request.num_computed_tokens = end - chunk.num_spec_tokens + max(len(tokens) - 1, 0)
+                updates.append(self._append_tokens(request, tokens))  # caches its full blocks before it may finish
+            if not request.is_finished:
+                self.block_manager.release_out_of_window(request)
         return updates
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:

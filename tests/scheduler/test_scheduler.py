@@ -172,3 +172,18 @@ def test_priority_preemption_happens_only_when_it_makes_room() -> None:
     batch = scheduler.schedule()
     assert batch.preempted == [] and bulk.status is RequestStatus.RUNNING
     assert too_big.status is RequestStatus.WAITING
+
+
+def test_with_every_layer_sliding_a_long_request_holds_about_a_window_of_blocks() -> None:
+    scheduler = Scheduler(dataclasses.replace(CONFIG, sliding_window=8))
+    r = request("a", 100, max_tokens=40)
+    scheduler.add(r)
+    held_in_prefill, held_in_decode = [], []
+    while scheduler.has_work:
+        batch, _ = step(scheduler)
+        held = len(r.block_table) - r.num_released_blocks
+        (held_in_decode if batch.chunks and batch.chunks[0].is_decode else held_in_prefill).append(held)
+    # a 32-token chunk and the 8 tokens before it, over blocks of 4; then the window and the new token
+    assert max(held_in_prefill) <= (32 + 8) // 4 + 1
+    assert max(held_in_decode) <= 8 // 4 + 1
+    assert scheduler.block_manager.num_free_blocks == CONFIG.num_blocks  # 140 tokens would hold 35 blocks

@@ -23,8 +23,9 @@ from transformers import PreTrainedModel
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request, RequestStatus
 from worker.engine.attention.kv_pool import KVPool
-from worker.engine.attention.paged_attention import paged_sdpa_attention_at
+from worker.engine.attention.paged_attention import paged_attention_at
 from worker.engine.attention.paged_step import PagedStep
+from worker.kernels.layer_variant import LayerVariant
 
 logger = logging.getLogger(__name__)
 
@@ -44,19 +45,29 @@ def current_step(step: PagedStep, kv_pool: KVPool) -> Iterator[None]:
 # Defined on a torch.library.Library rather than with @custom_op: its per-call wrapper cost 22 us against 7 us.
 _LIBRARY = torch.library.Library("steerbatch", "DEF")
 _LIBRARY.define(
-    "paged_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) kv_cache, int layer_idx, float scale) -> Tensor"
+    "paged_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) kv_cache, int layer_idx, float scale, "
+    "int sliding_window, float softcap, Tensor? sinks) -> Tensor"
 )
 
 
 def _paged_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    sliding_window: int,  # 0: none
+    softcap: float,  # 0: none
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """[N, H, D]: the step's attention output for layer `layer_idx`; writes the new K/V into `kv_cache` (the
     pool's tensor, passed so the compiler knows it changes)."""
     step, kv_pool = getattr(_current, "step", None), getattr(_current, "kv_pool", None)
     if step is None or kv_pool is None or kv_pool.cache is not kv_cache:
         raise RuntimeError("steerbatch::paged_attention called outside current_step() for this pool")
-    return paged_sdpa_attention_at(layer_idx, query, key, value, scale, step, kv_pool)
+    variant = LayerVariant(scale, sliding_window or None, softcap or None, sinks)
+    return paged_attention_at(layer_idx, query, key, value, variant, step, kv_pool)
 
 
 _LIBRARY.impl("paged_attention", _paged_attention, "CompositeExplicitAutograd")
@@ -64,7 +75,15 @@ _LIBRARY.impl("paged_attention", _paged_attention, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("steerbatch::paged_attention")
 def _(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    sliding_window: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
 ):
     return query.new_empty(query.shape[2], query.shape[1], query.shape[3])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from scheduler.scheduler import SchedulerConfig
 from tasks.config import Config
+from worker.engine.attention.kv_pool import every_layer_window
 from worker.engine.grammar.compiler import GrammarCompiler
 from worker.engine.model_runner import ModelRunner
 from worker.engine.speculation.speculator import SpeculationConfig
@@ -18,6 +19,8 @@ def scheduler_config(config: Config, runner: ModelRunner) -> SchedulerConfig:
         num_blocks=runner.kv_pool.num_blocks,
         block_size=runner.kv_pool.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
+        # a draft model catches up on a request's tokens from its first, in the same blocks: none may be freed then
+        sliding_window=every_layer_window(runner.kv_pool) if runner.draft_kv_pool is None else None,
     )
 
 

@@ -21,7 +21,7 @@ from tasks.config import Config
 from tasks.messages.steering import MonitoredPosition
 from worker.engine.attention.backend import AttentionBackend, resolve_attention_backend
 from worker.engine.attention.kv_pool import KVPool, KVShape, num_pool_tokens
-from worker.engine.attention.paged_attention import FLASH_BACKEND, SDPA_BACKEND, register_paged_attention
+from worker.engine.attention.paged_attention import FLASH_BACKEND, PAGED_BACKEND, register_paged_attention
 from worker.engine.attention.paged_step import PagedStep, build_paged_step
 from worker.engine.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
 from worker.engine.cpu_weight_layout import store_linear_weights_column_major
@@ -106,7 +106,7 @@ class ModelRunner:
         self.attention_backend, cpu_kernel = load_attention_backend(config, self.device, self.dtype)
         graph_mode = resolve_graph_mode(config.cuda_graphs, self.device, self.attention_backend)
         # one registered function serves sdpa, cpu_kernel and triton: it goes by the metadata each step carries
-        hf_attention = FLASH_BACKEND if self.is_flash else SDPA_BACKEND
+        hf_attention = FLASH_BACKEND if self.is_flash else PAGED_BACKEND
         started = time.perf_counter()
         model_config = AutoConfig.from_pretrained(config.model)
         self.max_model_len = config.max_model_len or int(model_config.max_position_embeddings)

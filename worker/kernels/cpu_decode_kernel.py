@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from worker.kernels.layer_variant import LayerVariant
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
@@ -36,13 +38,15 @@ class CpuDecodeKernel:
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))  # CDLL releases the GIL during each call
         self._attention = lib.paged_decode_attention
-        self._attention.argtypes = [_POINTER] * 7 + [_INT] * 8 + [_FLOAT]
+        self._attention.argtypes = [_POINTER] * 7 + [_INT] * 8 + [_FLOAT, _INT, _FLOAT, _POINTER]
         self._attention.restype = None
         self._write_keys = lib.paged_write_keys
         self._write_keys.argtypes = [_POINTER] * 3 + [_INT] * 5
         self._write_keys.restype = None
         self._decode_step = lib.paged_decode_step
-        self._decode_step.argtypes = [_POINTER, _INT, _INT] * 3 + [_POINTER] * 7 + [_INT] * 8 + [_FLOAT]
+        self._decode_step.argtypes = (
+            [_POINTER, _INT, _INT] * 3 + [_POINTER] * 7 + [_INT] * 8 + [_FLOAT, _INT, _FLOAT, _POINTER]
+        )
         self._decode_step.restype = None
         self._argmax = lib.greedy_argmax
         self._argmax.argtypes = [_POINTER, _INT, _INT, _POINTER]
@@ -92,15 +96,16 @@ class CpuDecodeKernel:
         block_tables: torch.Tensor,  # [B, W] int64, contiguous: each row's blocks, padded
         context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, at least 1, at most W * block_size
         max_len: int,  # the longest of context_lens
-        scale: float,
+        variant: LayerVariant,
     ) -> torch.Tensor:
-        """[B, H, D]: each row's one query token attended over its own context in the pool."""
+        """[B, H, D]: each row's one query token attended over its own context in the pool (its window of it)."""
         batch, num_heads, head_dim = query.shape
         num_kv_heads, num_blocks, block_size, _ = v_cache.shape
         _check_layouts(query, k_cache, v_cache, index=block_tables)
         _check_layouts(index=context_lens)
         output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
         scratch = torch.empty(_group_size(num_heads, num_kv_heads), max_len, dtype=torch.float32)
+        sinks = _sinks(variant, num_heads)  # held in a name while the C code reads it
         self._attention(
             query.data_ptr(),
             k_cache.data_ptr(),
@@ -117,7 +122,7 @@ class CpuDecodeKernel:
             block_size,
             block_tables.shape[1],
             max_len,
-            scale,
+            *_variant_args(variant, sinks),
         )
         return output
 
@@ -153,7 +158,7 @@ class DecodeStep:
         query: torch.Tensor,  # [1, H, B, D] float32, D contiguous, any other strides: as the model hands it over
         key: torch.Tensor,  # [1, Hkv, B, D] float32, D contiguous: the rows' new keys
         value: torch.Tensor,  # [1, Hkv, B, D] float32, D contiguous
-        scale: float,
+        variant: LayerVariant,
     ) -> torch.Tensor:
         """[B, H, D]: the layer's attention for every row, after storing the rows' K/V in the pool."""
         for tensor in (query, key, value):
@@ -169,6 +174,7 @@ class DecodeStep:
         if self._scratch is None or self._scratch.numel() < scratch_size:
             self._scratch = torch.empty(scratch_size, dtype=torch.float32)
         output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
+        sinks = _sinks(variant, num_heads)  # held in a name while the C code reads it
         k_cache, v_cache = self._layer_addresses[layer_idx]
         self._function(
             query.data_ptr(),
@@ -193,9 +199,25 @@ class DecodeStep:
             self._block_size,
             self._width,
             self._max_len,
-            scale,
+            *_variant_args(variant, sinks),
         )
         return output
+
+
+def _sinks(variant: LayerVariant, num_heads: int) -> torch.Tensor | None:
+    """The variant's sinks as the C code reads them: [H] contiguous float32 on the CPU."""
+    if variant.sinks is None:
+        return None
+    sinks = variant.sinks.detach().float().contiguous()
+    if sinks.shape != (num_heads,) or sinks.device.type != "cpu":
+        raise ValueError(f"the CPU decode kernel takes one sink per query head ({num_heads}) on the CPU")
+    return sinks
+
+
+def _variant_args(variant: LayerVariant, sinks: torch.Tensor | None) -> tuple[float, int, float, int | None]:
+    """scale, window (0: none), softcap (0: none) and the sinks' address (NULL: none), as the C code takes them."""
+    window, softcap = variant.sliding_window or 0, variant.softcap or 0.0
+    return variant.scale, window, softcap, None if sinks is None else sinks.data_ptr()
 
 
 def _group_size(num_heads: int, num_kv_heads: int) -> int:

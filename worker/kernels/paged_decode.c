@@ -181,13 +181,24 @@ static void group_weighted_values(const float *weights, const float *v_head, con
                         inverse[g]);
 }
 
-/* Turns scores into unnormalized softmax weights in place; returns 1 / their sum. */
-static float exponentiate(float *weights, int64_t len) {
+/* How a layer attends beyond plain causal attention (LayerVariant in worker/engine/attention/layer_attention.py);
+ * its sinks, [H] logits that join each head's softmax as a key with no value, come apart, per KV head's group. */
+struct variant {
+    int64_t window; /* a row sees its `window` latest tokens; 0: all of them */
+    float softcap;  /* scores become softcap * tanh(score / softcap); 0: none */
+};
+
+/* Turns len scores into unnormalized softmax weights in place, after the soft-cap; returns 1 / their sum, to which
+ * the head's sink (when `has_sink`) adds its own weight. */
+static float exponentiate(float *weights, int64_t len, float softcap, int has_sink, float sink) {
+    if (softcap > 0.0f)
+        for (int64_t t = 0; t < len; t++) weights[t] = softcap * tanhf(weights[t] / softcap);
     float tops[4] = {weights[0], weights[0], weights[0], weights[0]};
     for (int64_t t = 0; t < len; t++) tops[t % 4] = weights[t] > tops[t % 4] ? weights[t] : tops[t % 4];
     float top = tops[0];
     for (int i = 1; i < 4; i++) top = tops[i] > top ? tops[i] : top;
-    float total = 0.0f;
+    top = has_sink && sink > top ? sink : top;
+    float total = has_sink ? exp_nonpositive(sink - top) : 0.0f;
     for (int64_t t = 0; t < len; t++) {
         weights[t] = exp_nonpositive(weights[t] - top);
         total += weights[t];
@@ -203,34 +214,49 @@ static void store_key(float *k_head, int64_t slot, const float *key, int64_t hea
     for (int64_t d = 0; d < head_dim; d++) column[d * block_size] = key[d];
 }
 
-/* One row's KV head: the scores of its group's query heads (`queries`, head_dim apart) over the row's first len
- * tokens, their softmax, and the weighted values into `out` (head_dim apart); scratch holds group * max_len floats. */
+/* One row's KV head: the scores of its group's query heads (`queries`, head_dim apart; `sinks` theirs) over the
+ * row's first len tokens, or the variant's window of them, their softmax, and the weighted values into `out` (head_dim
+ * apart); scratch holds group * max_len floats. The window's first block is read whole, its tokens before the window
+ * weighted 0. */
 static void attend(const float *queries, const float *k_head, const float *v_head, const int64_t *table, int64_t len,
                    float *out, float *scratch, int64_t group, int64_t head_dim, int64_t block_size, int64_t max_len,
-                   float scale) {
+                   float scale, const struct variant *variant, const float *sinks) {
     float inverse[MAX_GROUP];
-    for (int64_t start = 0; start < len; start += block_size) {
-        const float *block = k_head + table[start / block_size] * head_dim * block_size; /* [D][bs] */
-        const int64_t n = len - start < block_size ? len - start : block_size;
+    const int64_t first = variant->window > 0 && len > variant->window ? len - variant->window : 0;
+    const int64_t skipped = first % block_size; /* tokens of the first block before the window */
+    const int64_t *blocks = table + first / block_size;
+    const int64_t span = len - (first - skipped); /* tokens from the first block's start */
+    for (int64_t start = 0; start < span; start += block_size) {
+        const float *block = k_head + blocks[start / block_size] * head_dim * block_size; /* [D][bs] */
+        const int64_t n = span - start < block_size ? span - start : block_size;
         group_block_scores(queries, block, scratch + start, group, head_dim, block_size, max_len, n, scale);
     }
-    for (int64_t g = 0; g < group; g++) inverse[g] = exponentiate(scratch + g * max_len, len);
-    group_weighted_values(scratch, v_head, table, len, group, head_dim, block_size, max_len, out, inverse);
+    for (int64_t g = 0; g < group; g++) {
+        float *weights = scratch + g * max_len;
+        const float sink = sinks != NULL ? sinks[g] : 0.0f;
+        inverse[g] = exponentiate(weights + skipped, span - skipped, variant->softcap, sinks != NULL, sink);
+        for (int64_t t = 0; t < skipped; t++) weights[t] = 0.0f;
+    }
+    group_weighted_values(scratch, v_head, blocks, span, group, head_dim, block_size, max_len, out, inverse);
 }
 
-/* out[b, h] = softmax_t(scale * q[b, h] . K[b, t]) . V[b, t] over t < context_lens[b];
- * scratch holds num_heads / num_kv_heads * max_len floats. */
+/* out[b, h] = softmax_t(scale * q[b, h] . K[b, t]) . V[b, t] over t < context_lens[b] (the latest `window` of
+ * them when window > 0), soft-capped when softcap > 0, with sinks [H] unless NULL; scratch holds
+ * num_heads / num_kv_heads * max_len floats. */
 void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
                             const int64_t *context_lens, float *out, float *scratch, int64_t batch,
                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
-                            int64_t block_size, int64_t table_width, int64_t max_len, float scale) {
+                            int64_t block_size, int64_t table_width, int64_t max_len, float scale, int64_t window,
+                            float softcap, const float *sinks) {
     const int64_t group = num_heads / num_kv_heads;
+    const struct variant variant = {window, softcap};
     const int64_t head_stride = num_blocks * block_size * head_dim;
     for (int64_t b = 0; b < batch; b++)
         for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
             const int64_t first = (b * num_heads + kvh * group) * head_dim; /* the group's heads, adjacent */
             attend(q + first, k_cache + kvh * head_stride, v_cache + kvh * head_stride, block_tables + b * table_width,
-                   context_lens[b], out + first, scratch, group, head_dim, block_size, max_len, scale);
+                   context_lens[b], out + first, scratch, group, head_dim, block_size, max_len, scale, &variant,
+                   sinks != NULL ? sinks + kvh * group : NULL);
         }
 }
 
@@ -244,9 +270,11 @@ void paged_decode_step(const float *q, int64_t q_token_stride, int64_t q_head_st
                        int64_t v_head_stride, float *k_cache, float *v_cache, const int64_t *slots,
                        const int64_t *block_tables, const int64_t *context_lens, float *out, float *scratch,
                        int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
-                       int64_t block_size, int64_t table_width, int64_t max_len, float scale) {
+                       int64_t block_size, int64_t table_width, int64_t max_len, float scale, int64_t window,
+                       float softcap, const float *sinks) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t head_stride = num_blocks * block_size * head_dim;
+    const struct variant variant = {window, softcap};
     float *queries = scratch + group * max_len; /* the group's queries, copied adjacent */
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
@@ -259,7 +287,7 @@ void paged_decode_step(const float *q, int64_t q_token_stride, int64_t q_head_st
                        head_dim * sizeof(float));
             attend(queries, k_head, v_head, block_tables + b * table_width, context_lens[b],
                    out + (b * num_heads + kvh * group) * head_dim, scratch, group, head_dim, block_size, max_len,
-                   scale);
+                   scale, &variant, sinks != NULL ? sinks + kvh * group : NULL);
         }
     }
 }

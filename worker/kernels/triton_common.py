@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
+from worker.kernels.layer_variant import LayerVariant
+
 LOG2_E = 1.4426950408889634  # the kernels keep scores in base 2, for exp2
+KERNEL_LOG2_E = tl.constexpr(LOG2_E)  # the same, as a global that @triton.jit functions may read
 MIN_DOT_SIZE = 16  # tl.dot's smallest tile side on GPUs: narrower heads and groups are padded and masked
 
 
@@ -38,6 +43,43 @@ def tile_size(block_d: int, dtype: torch.dtype) -> int:
 def is_interpreted() -> bool:
     """Whether kernels defined from now on run under Triton's CPU interpreter (TRITON_INTERPRET=1 when defined)."""
     return bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def capped_scores(dot_products, scale_log2, cap_scale, cap_log2, HAS_SOFTCAP: tl.constexpr):
+    """Scores in base 2: q . k times the scale, or soft-capped first as softcap * tanh(scale * q . k / softcap) (then
+    cap_scale is scale / softcap and cap_log2 softcap * log2(e)). tanh through exp, which every backend has."""
+    if HAS_SOFTCAP:
+        x = dot_products * cap_scale
+        t = tl.exp(-2.0 * tl.abs(x))
+        magnitude = (1.0 - t) / (1.0 + t)
+        return tl.where(x < 0, -magnitude, magnitude) * cap_log2
+    return dot_products * scale_log2
+
+
+@triton.jit
+def with_sinks(max_score, sum_exp, acc, sinks_ptr, heads, mask_heads):
+    """The running softmax of each head's row with its sink (a logit, in base e) joined as a key with no value:
+    (max, sum of exp2, accumulated values) rescaled to the new max."""
+    sinks = tl.load(sinks_ptr + heads, mask=mask_heads, other=0.0).to(tl.float32) * KERNEL_LOG2_E
+    new_max = tl.maximum(max_score, sinks)
+    rescale = tl.exp2(max_score - new_max)
+    return new_max, sum_exp * rescale + tl.exp2(sinks - new_max), acc * rescale[:, None]
+
+
+def variant_arguments(variant: LayerVariant, sinks_placeholder: torch.Tensor) -> dict[str, Any]:
+    """The kernels' arguments for a layer's variant: a window of 0 is none; sinks_ptr points at `sinks_placeholder`
+    (never read) when the layer has none."""
+    softcap = variant.softcap or 1.0
+    return {
+        "sinks_ptr": sinks_placeholder if variant.sinks is None else variant.sinks,
+        "window": variant.sliding_window or 0,
+        "scale_log2": variant.scale * LOG2_E,
+        "cap_scale": variant.scale / softcap,
+        "cap_log2": softcap * LOG2_E,
+        "HAS_SOFTCAP": variant.softcap is not None,
+        "HAS_SINKS": variant.sinks is not None,
+    }
 
 
 @triton.jit

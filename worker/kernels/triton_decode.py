@@ -17,14 +17,18 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.kernels.layer_variant import LayerVariant
 from worker.kernels.triton_common import (
-    LOG2_E,
+    KERNEL_LOG2_E,
+    capped_scores,
     dot,
     dot_precision,
     is_interpreted,
     kv_strides,
     padded_size,
     tile_size,
+    variant_arguments,
+    with_sinks,
 )
 
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in its merge than its parallelism saves
@@ -42,7 +46,6 @@ def _decode_kernel(
     token_index_ptr,  # [B] int32: each row's position in the packed queries and output
     out_ptr,  # [N, H, D] contiguous (num_splits 1), else the splits' partial outputs [B, H, S, D] float32
     lse_ptr,  # [B, H, S] float32: each split's log2-sum-exp2 of scores (unused with one split)
-    scale_log2,  # softmax scale times log2(e)
     stride_qt,
     stride_qh,
     stride_qd,
@@ -58,6 +61,11 @@ def _decode_kernel(
     block_size,
     num_heads,
     head_dim,
+    sinks_ptr,  # [H]: each query head's sink logit (read with HAS_SINKS, and only with one split)
+    window,  # a row sees its `window` latest tokens; 0: all of them
+    scale_log2,  # softmax scale times log2(e)
+    cap_scale,  # with HAS_SOFTCAP: scale / softcap
+    cap_log2,  # with HAS_SOFTCAP: softcap * log2(e)
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -65,12 +73,15 @@ def _decode_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IS_INTERPRETED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(context_lens_ptr + row)
     token = tl.load(token_index_ptr + row)
-    split_len = tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    first = tl.where(window > 0, tl.maximum(length - window, 0), 0)  # the row's first visible token
+    split_len = tl.cdiv(tl.cdiv(length - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * split_len
     end = tl.minimum(start + split_len, length)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -95,7 +106,8 @@ def _decode_kernel(
         mask_nd = mask_n[:, None] & mask_d[None, :]
         k_ptrs = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_kt + offs_d[None, :] * stride_kd
         keys = tl.load(k_ptrs, mask=mask_nd, other=0.0)  # [N, D]
-        scores = dot(query, tl.trans(keys), DOT_PRECISION, IS_INTERPRETED) * scale_log2  # [G, N]
+        products = dot(query, tl.trans(keys), DOT_PRECISION, IS_INTERPRETED)
+        scores = capped_scores(products, scale_log2, cap_scale, cap_log2, HAS_SOFTCAP)  # [G, N]
         scores = tl.where(mask_n[None, :], scores, float("-inf"))
         new_max = tl.maximum(max_score, tl.max(scores, 1))
         rescale = tl.exp2(max_score - new_max)
@@ -107,6 +119,8 @@ def _decode_kernel(
         max_score = new_max
 
     mask_gd = mask_g[:, None] & mask_d[None, :]
+    if HAS_SINKS and NUM_SPLITS == 1:  # with splits, the merge adds them
+        max_score, sum_exp, acc = with_sinks(max_score, sum_exp, acc, sinks_ptr, heads, mask_g)
     if NUM_SPLITS == 1:
         out_ptrs = out_ptr + (token * num_heads + heads[:, None]) * head_dim + offs_d[None, :]
         tl.store(out_ptrs, (acc / sum_exp[:, None]).to(out_ptr.dtype.element_ty), mask=mask_gd)
@@ -122,20 +136,29 @@ def _merge_splits_kernel(
     partial_ptr,  # [B, H, S, D] float32
     lse_ptr,  # [B, H, S] float32
     token_index_ptr,  # [B] int32
+    sinks_ptr,  # [H]: each query head's sink logit, read with HAS_SINKS
     out_ptr,  # [N, H, D]
     num_heads,
     head_dim,
     NUM_SPLITS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     row, head = tl.program_id(0), tl.program_id(1)
     offs_s, offs_d = tl.arange(0, NUM_SPLITS), tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
     base = (row * num_heads + head) * NUM_SPLITS
     lse = tl.load(lse_ptr + base + offs_s)  # [S]
-    weights = tl.exp2(lse - tl.max(lse, 0))  # the first split is never empty, so the max is finite
+    top = tl.max(lse, 0)  # the first split is never empty, so the max is finite
+    if HAS_SINKS:  # the head's sink joins the softmax as one more split with no value
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * KERNEL_LOG2_E
+        top = tl.maximum(top, sink)
+    weights = tl.exp2(lse - top)
+    total = tl.sum(weights, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - top)
     partial = tl.load(partial_ptr + (base + offs_s[:, None]) * head_dim + offs_d[None, :], mask=mask_d[None, :])
-    merged = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)  # [D]
+    merged = tl.sum(partial * weights[:, None], 0) / total  # [D]
     token = tl.load(token_index_ptr + row)
     tl.store(out_ptr + (token * num_heads + head) * head_dim + offs_d, merged.to(out_ptr.dtype.element_ty), mask=mask_d)
 
@@ -148,7 +171,7 @@ def paged_decode(
     context_lens: torch.Tensor,  # [B] int32, each at least 1
     token_index: torch.Tensor,  # [B] int32: the rows' positions in `query` and `out`
     out: torch.Tensor,  # [N, H, D] contiguous: the rows' attention is written at `token_index`
-    scale: float,
+    variant: LayerVariant,
     num_splits: int = 1,  # a power of two
     keys_transposed: bool = False,
 ) -> None:
@@ -162,6 +185,7 @@ def paged_decode(
         lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=query.device)
     else:
         partial, lse = out, out  # the kernel writes the output itself; lse is never touched
+    variant_args = variant_arguments(variant, out)
     _decode_kernel[(num_rows, num_kv_heads, num_splits)](
         query,
         k_cache,
@@ -171,7 +195,6 @@ def paged_decode(
         token_index,
         partial,
         lse,
-        scale * LOG2_E,
         *query.stride(),
         *kv_strides(k_cache, keys_transposed),
         *kv_strides(v_cache, False),
@@ -180,10 +203,19 @@ def paged_decode(
         num_heads,
         head_dim,
         **decode_constants(num_heads // num_kv_heads, head_dim, query.dtype, num_splits),
+        **variant_args,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_rows, num_heads)](
-            partial, lse, token_index, out, num_heads, head_dim, **merge_constants(head_dim, num_splits)
+            partial,
+            lse,
+            token_index,
+            variant_args["sinks_ptr"],
+            out,
+            num_heads,
+            head_dim,
+            HAS_SINKS=variant_args["HAS_SINKS"],
+            **merge_constants(head_dim, num_splits),
         )
 
 

@@ -15,14 +15,17 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.kernels.layer_variant import LayerVariant
 from worker.kernels.triton_common import (
-    LOG2_E,
+    capped_scores,
     dot,
     dot_precision,
     is_interpreted,
     kv_strides,
     padded_size,
     tile_size,
+    variant_arguments,
+    with_sinks,
 )
 
 IS_INTERPRETED = is_interpreted()  # as the kernel below is defined: compiled, or run by the interpreter
@@ -38,7 +41,6 @@ def _prefill_kernel(
     query_lens_ptr,  # [R] int32: each chunk's tokens
     context_starts_ptr,  # [R] int32: each chunk's first token's position in its row (tokens already cached)
     out_ptr,  # [N, H, D] contiguous
-    scale_log2,  # softmax scale times log2(e)
     stride_qt,
     stride_qh,
     stride_qd,
@@ -54,12 +56,19 @@ def _prefill_kernel(
     block_size,
     num_heads,
     head_dim,
+    sinks_ptr,  # [H]: each query head's sink logit, read with HAS_SINKS
+    window,  # a query sees its `window` latest tokens, itself included; 0: all of them
+    scale_log2,  # softmax scale times log2(e)
+    cap_scale,  # with HAS_SOFTCAP: scale / softcap
+    cap_log2,  # with HAS_SOFTCAP: softcap * log2(e)
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IS_INTERPRETED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     chunk, tile, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     query_len = tl.load(query_lens_ptr + chunk)
@@ -82,7 +91,8 @@ def _prefill_kernel(
     kv_head = kv_head.to(tl.int64)  # a large pool's offsets pass 2**31 elements
     k_head, v_head = k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh
     kv_end = context_start + tl.minimum((tile + 1) * BLOCK_M, query_len)  # one past the tile's last query
-    for kv_tile in range(0, kv_end, BLOCK_N):
+    kv_start = tl.where(window > 0, tl.maximum(context_start + tile * BLOCK_M - window + 1, 0), 0)  # its first's
+    for kv_tile in range(kv_start, kv_end, BLOCK_N):
         offs_n = kv_tile + tl.arange(0, BLOCK_N)  # [N] key positions in the row
         mask_n = offs_n < kv_end
         blocks = tl.load(block_tables_ptr + chunk * stride_table + offs_n // block_size, mask=mask_n, other=0).to(
@@ -92,10 +102,15 @@ def _prefill_kernel(
         mask_nd = mask_n[:, None] & mask_d[None, :]
         k_ptrs = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_kt + offs_d[None, :] * stride_kd
         keys = tl.load(k_ptrs, mask=mask_nd, other=0.0)  # [N, D]
-        scores = dot(query, tl.trans(keys), DOT_PRECISION, IS_INTERPRETED) * scale_log2  # [M, N]
+        products = dot(query, tl.trans(keys), DOT_PRECISION, IS_INTERPRETED)
+        scores = capped_scores(products, scale_log2, cap_scale, cap_log2, HAS_SOFTCAP)  # [M, N]
         is_visible = (offs_n[None, :] <= positions[:, None]) & mask_n[None, :]
+        is_visible &= (window == 0) | (offs_n[None, :] > positions[:, None] - window)
         scores = tl.where(is_visible, scores, float("-inf"))
-        new_max = tl.maximum(max_score, tl.max(scores, 1))  # finite: every query sees key 0 in the first tile
+        # a query that sees no key of the tiles so far (its window starting past them) keeps a max of -inf: taken as 0,
+        # so that exp2 gives 0s rather than NaN
+        new_max = tl.maximum(max_score, tl.max(scores, 1))
+        new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         rescale = tl.exp2(max_score - new_max)
         probs = tl.exp2(scores - new_max[:, None])  # [M, N]
         sum_exp = sum_exp * rescale + tl.sum(probs, 1)
@@ -104,7 +119,10 @@ def _prefill_kernel(
         acc = acc * rescale[:, None] + dot(probs.to(values.dtype), values, DOT_PRECISION, IS_INTERPRETED)
         max_score = new_max
 
+    if HAS_SINKS:
+        max_score, sum_exp, acc = with_sinks(max_score, sum_exp, acc, sinks_ptr, head + tl.zeros_like(offs_m), mask_m)
     out_ptrs = out_ptr + ((query_start + offs_m)[:, None] * num_heads + head) * head_dim + offs_d[None, :]
+    sum_exp = tl.where(mask_m, sum_exp, 1.0)  # tile rows past the chunk, never stored, may see no key in a window
     tl.store(out_ptrs, (acc / sum_exp[:, None]).to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
@@ -118,7 +136,7 @@ def paged_prefill(
     context_starts: torch.Tensor,  # [R] int32: the chunk's first token's position in its row
     max_query_len: int,
     out: torch.Tensor,  # [N, H, D] contiguous: the chunks' attention is written at their spans
-    scale: float,
+    variant: LayerVariant,
     keys_transposed: bool = False,
 ) -> None:
     """Attention of every chunk's queries over its row's K/V in the pool, which must already hold the chunk's own."""
@@ -135,7 +153,6 @@ def paged_prefill(
         query_lens,
         context_starts,
         out,
-        scale * LOG2_E,
         *query.stride(),
         *kv_strides(k_cache, keys_transposed),
         *kv_strides(v_cache, False),
@@ -144,6 +161,7 @@ def paged_prefill(
         num_heads,
         head_dim,
         **constants,
+        **variant_arguments(variant, out),
     )
 
 

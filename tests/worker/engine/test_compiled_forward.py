@@ -63,7 +63,7 @@ def test_a_plain_step_removes_hooks_left_by_a_steered_one(compiled_endless_runne
 def test_the_op_refuses_to_run_outside_a_compiled_step() -> None:
     tensor = torch.zeros(1, 2, 3, 4)
     with pytest.raises(RuntimeError, match="outside current_step"):
-        torch.ops.steerbatch.paged_attention(tensor, tensor, tensor, torch.zeros(1), 0, 1.0)
+        torch.ops.steerbatch.paged_attention(tensor, tensor, tensor, torch.zeros(1), 0, 1.0, 0, 0.0, None)
 
 
 def test_after_the_warm_up_no_kind_of_step_compiles_again(

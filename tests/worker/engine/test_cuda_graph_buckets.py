@@ -14,7 +14,7 @@ from steering.hook_points import RESID_POST, RESID_PRE, HookPoint
 from steering.step_plan import MonitorTap, SteeringTable, StepPlan
 from worker.engine.attention.backend import AttentionBackend
 from worker.engine.attention.kv_pool import KVPool, KVShape
-from worker.engine.attention.paged_attention import paged_sdpa_attention_at
+from worker.engine.attention.paged_attention import paged_attention_at
 from worker.engine.attention.paged_step import build_paged_step
 from worker.engine.graphs.decode_buffers import (
     CONTEXT_LEN,
@@ -27,6 +27,7 @@ from worker.engine.graphs.decode_buffers import (
     is_graph_step,
 )
 from worker.engine.graphs.graph_hooks import GraphHookBuffers, HookSet
+from worker.kernels.layer_variant import LayerVariant
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_ROWS, MAX_BLOCKS_PER_ROW = 16, 24, 8, 4
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 32
@@ -99,11 +100,11 @@ def test_a_padded_static_step_attends_as_the_unpadded_eager_step_and_writes_only
     buffers = DecodeBuffers(static_pool, MAX_ROWS, MAX_BLOCKS_PER_ROW, CPU)
     buffers.fill(chunks, bucket)
     static_step = buffers.step(bucket, num_splits=2)
-    static = paged_sdpa_attention_at(0, query, key, value, HEAD_DIM**-0.5, static_step, static_pool)
+    static = paged_attention_at(0, query, key, value, LayerVariant(HEAD_DIM**-0.5), static_step, static_pool)
     eager_step = build_paged_step(Batch(chunks), eager_pool, CPU, AttentionBackend.TRITON)
     real = slice(0, num_rows)
-    eager = paged_sdpa_attention_at(
-        0, query[:, :, real], key[:, :, real], value[:, :, real], HEAD_DIM**-0.5, eager_step, eager_pool
+    eager = paged_attention_at(
+        0, query[:, :, real], key[:, :, real], value[:, :, real], LayerVariant(HEAD_DIM**-0.5), eager_step, eager_pool
     )
 
     torch.testing.assert_close(static[real], eager, atol=1e-5, rtol=1e-5)

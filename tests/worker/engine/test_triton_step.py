@@ -10,8 +10,9 @@ from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
 from worker.engine.attention.backend import AttentionBackend
 from worker.engine.attention.kv_pool import KVPool, KVShape
-from worker.engine.attention.paged_attention import paged_sdpa_attention_at
+from worker.engine.attention.paged_attention import paged_attention_at
 from worker.engine.attention.paged_step import build_paged_step
+from worker.kernels.layer_variant import LayerVariant
 
 BLOCK_SIZE, NUM_BLOCKS = 16, 40
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 32
@@ -48,7 +49,7 @@ def test_a_mixed_step_through_the_kernels_equals_the_sdpa_path() -> None:
     for name, backend in (("sdpa", AttentionBackend.SDPA), ("triton", AttentionBackend.TRITON)):
         step = build_paged_step(batch, pools[name], CPU, backend)
         assert (step.triton is not None) == (name == "triton")
-        outputs[name] = paged_sdpa_attention_at(0, query, key, value, HEAD_DIM**-0.5, step, pools[name])
+        outputs[name] = paged_attention_at(0, query, key, value, LayerVariant(HEAD_DIM**-0.5), step, pools[name])
 
     assert torch.equal(pools["triton"].cache, pools["sdpa"].cache)  # the same K/V written at the same slots
     torch.testing.assert_close(outputs["triton"], outputs["sdpa"], atol=1e-5, rtol=1e-5)

@@ -11,13 +11,15 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
+from tests.worker.kernels.attention_reference import VARIANTS, layer_variant, reference_attention
 from worker.engine.attention.backend import AttentionBackend
+from worker.engine.attention.gather_attention import decode_attention, gather_blocks, gather_keys
 from worker.engine.attention.kv_pool import KVPool, KVShape
-from worker.engine.attention.paged_attention import decode_attention, gather_blocks, gather_keys
 from worker.engine.attention.paged_step import build_paged_step
 from worker.engine.model_runner import ModelRunner
 from worker.engine.sampler import torch_argmax
 from worker.kernels.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
+from worker.kernels.layer_variant import LayerVariant
 
 HAS_COMPILER = shutil.which("cc") is not None
 needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler (cc) to build the kernel")
@@ -41,7 +43,7 @@ def gathered_attention(
     is_padding = torch.arange(width * block_size)[None, :] >= lens[:, None]
     bias = torch.zeros(is_padding.shape).masked_fill_(is_padding, float("-inf")).repeat(num_kv_heads, 1)[:, None]
     k, v = gather_blocks(k_cache, tables.flatten()), gather_blocks(v_cache, tables.flatten())
-    return decode_attention(query, k, v, bias, query.shape[-1] ** -0.5)
+    return decode_attention(query, k, v, bias, LayerVariant(query.shape[-1] ** -0.5))
 
 
 @pytest.mark.parametrize(
@@ -74,9 +76,42 @@ def test_kernel_equals_the_gather_path(
     query = torch.randn(len(lens), num_heads, head_dim)
 
     keys_transposed = k_cache.transpose(2, 3).contiguous()  # as a pool with the kernel stores them
-    attended = kernel.attention(query, keys_transposed, v_cache, tables, lens, int(lens.max()), head_dim**-0.5)
+    variant = LayerVariant(head_dim**-0.5)
+    attended = kernel.attention(query, keys_transposed, v_cache, tables, lens, int(lens.max()), variant)
 
     torch.testing.assert_close(attended, gathered_attention(query, k_cache, v_cache, tables, lens))
+
+
+@pytest.mark.parametrize(("window", "softcap", "has_sinks"), VARIANTS)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(4, 2, 32, 16), (8, 2, 64, 16), (6, 2, 24, 16), (4, 2, 80, 8)],  # fixed and generic sums and scores
+)
+def test_kernel_applies_the_layer_variant(
+    kernel: CpuDecodeKernel,
+    window: int | None,
+    softcap: float | None,
+    has_sinks: bool,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    torch.manual_seed(num_heads * 100 + head_dim)
+    num_blocks = 64
+    k_cache, v_cache = (torch.randn(num_kv_heads, num_blocks, block_size, head_dim) for _ in "kv")
+    lens = [1, 20, 21, 22, block_size + 5, 70]  # within the window, at it, just past it, far past it
+    width = -(-max(lens) // block_size)
+    tables = torch.randperm(num_blocks)[: len(lens) * width].view(len(lens), width)
+    query = torch.randn(len(lens), num_heads, head_dim)
+    variant = layer_variant(head_dim**-0.5, num_heads, window, softcap, has_sinks)
+
+    keys_transposed = k_cache.transpose(2, 3).contiguous()
+    attended = kernel.attention(query, keys_transposed, v_cache, tables, torch.tensor(lens), max(lens), variant)
+
+    for row, length in enumerate(lens):
+        expected = reference_attention(query[row : row + 1], k_cache, v_cache, tables[row], length - 1, variant)
+        torch.testing.assert_close(attended[row : row + 1], expected)
 
 
 @pytest.mark.parametrize(
@@ -108,12 +143,14 @@ def test_decode_step_equals_the_pool_write_then_attention(
     query, key, value = (
         torch.randn(1, len(lens), heads, head_dim).transpose(1, 2) for heads in (num_heads, num_kv_heads, num_kv_heads)
     )
-    scale, max_len = head_dim**-0.5, int(lens.max())
+    variant, max_len = layer_variant(head_dim**-0.5, num_heads, 21, 0.8, True), int(lens.max())  # every variant
 
     pools[0].write(0, slots, key[0], value[0])
-    expected = kernel.attention(query[0].transpose(0, 1).contiguous(), *pools[0].layer(0), tables, lens, max_len, scale)
+    expected = kernel.attention(
+        query[0].transpose(0, 1).contiguous(), *pools[0].layer(0), tables, lens, max_len, variant
+    )
     bound = kernel.bind_decode_step(pools[1].layers, slots, tables, lens, max_len)
-    fused = bound(0, query, key, value, scale)
+    fused = bound(0, query, key, value, variant)
 
     assert torch.equal(pools[1].cache, pools[0].cache)
     assert torch.equal(fused, expected)
@@ -144,11 +181,13 @@ def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> Non
     k_cache, v_cache = torch.zeros(1, 4, 8, 16), torch.zeros(1, 4, 16, 8)
     tables, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
     with pytest.raises(ValueError, match="float32"):
-        kernel.attention(torch.zeros(1, 2, 8, dtype=torch.float64), k_cache, v_cache, tables, lens, 1, 1.0)
+        kernel.attention(
+            torch.zeros(1, 2, 8, dtype=torch.float64), k_cache, v_cache, tables, lens, 1, LayerVariant(1.0)
+        )
     with pytest.raises(ValueError, match="int64"):
-        kernel.attention(torch.zeros(1, 2, 8), k_cache, v_cache, tables.int(), lens, 1, 1.0)
+        kernel.attention(torch.zeros(1, 2, 8), k_cache, v_cache, tables.int(), lens, 1, LayerVariant(1.0))
     with pytest.raises(ValueError, match="query heads per KV head"):
-        kernel.attention(torch.zeros(1, 65, 8), k_cache, v_cache, tables, lens, 1, 1.0)
+        kernel.attention(torch.zeros(1, 65, 8), k_cache, v_cache, tables, lens, 1, LayerVariant(1.0))
     with pytest.raises(ValueError, match="float32"):
         kernel.write_keys(k_cache, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 8, dtype=torch.float64))
     slots, keys = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 1, 8)
@@ -156,17 +195,17 @@ def test_kernel_refuses_tensors_it_would_misread(kernel: CpuDecodeKernel) -> Non
         kernel.bind_decode_step([(k_cache, v_cache)], slots.int(), tables, lens, 1)
     bound = kernel.bind_decode_step([(k_cache, v_cache)], slots, tables, lens, 1)
     with pytest.raises(ValueError, match="D contiguous"):
-        bound(0, torch.zeros(1, 1, 8, 2).transpose(2, 3), keys, keys, 1.0)
+        bound(0, torch.zeros(1, 1, 8, 2).transpose(2, 3), keys, keys, LayerVariant(1.0))
     with pytest.raises(ValueError, match="another shape"):
-        bound(0, torch.zeros(1, 2, 2, 8), keys, keys, 1.0)
+        bound(0, torch.zeros(1, 2, 2, 8), keys, keys, LayerVariant(1.0))
     with pytest.raises(ValueError, match="another shape"):  # values of another head dim than the keys
-        bound(0, torch.zeros(1, 2, 1, 8), keys, torch.zeros(1, 1, 1, 4), 1.0)
+        bound(0, torch.zeros(1, 2, 1, 8), keys, torch.zeros(1, 1, 1, 4), LayerVariant(1.0))
     with pytest.raises(ValueError, match="query heads per KV head"):
-        bound(0, torch.zeros(1, 65, 1, 8), keys, keys, 1.0)
+        bound(0, torch.zeros(1, 65, 1, 8), keys, keys, LayerVariant(1.0))
     two_kv_heads = [(torch.zeros(2, 4, 8, 16), torch.zeros(2, 4, 16, 8))]
     bound_two_heads = kernel.bind_decode_step(two_kv_heads, slots, tables, lens, 1)
     with pytest.raises(ValueError, match="query heads per KV head"):  # 3 query heads over 2 KV heads
-        bound_two_heads(0, torch.zeros(1, 3, 1, 8), torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), 1.0)
+        bound_two_heads(0, torch.zeros(1, 3, 1, 8), torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), LayerVariant(1.0))
 
 
 def test_a_step_the_kernel_would_read_or_write_out_of_bounds_is_refused(kernel: CpuDecodeKernel) -> None:

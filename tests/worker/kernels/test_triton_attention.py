@@ -1,4 +1,5 @@
-"""The Triton paged-attention kernels against PyTorch's SDPA over the same blocks: on CPU tensors under Triton's
+"""The Triton paged-attention kernels against attention written out over the same blocks, plain and with each layer
+variant (sliding window, soft-cap, sinks): on CPU tensors under Triton's
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when there is no CUDA device), and compiled on CUDA (`gpu`
 marker).
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from triton.runtime.interpreter import InterpretedFunction
 
+from tests.worker.kernels.attention_reference import VARIANTS, layer_variant, reference_attention
 from worker.kernels import triton_decode, triton_prefill
 from worker.kernels.triton_decode import num_decode_splits, paged_decode
 from worker.kernels.triton_prefill import paged_prefill
@@ -60,26 +61,6 @@ def packed_queries(num_tokens: int, num_heads: int, head_dim: int, dtype: torch.
     return torch.randn(num_tokens, num_heads, 2 * head_dim).to(device, dtype)[..., :head_dim]
 
 
-def sdpa_reference(
-    queries: torch.Tensor,  # [n, H, D] a chunk's queries
-    keys: torch.Tensor,  # [Hkv, blocks, block_size, D]
-    values: torch.Tensor,
-    table: torch.Tensor,  # [W] the row's blocks
-    context_start: int,  # the chunk's first query's position in its row
-) -> torch.Tensor:
-    """[n, H, D] float32: SDPA over the row's gathered blocks, query i seeing positions 0..context_start + i."""
-    end = context_start + queries.shape[0]
-    k, v = (cache[:, table.long()].flatten(1, 2)[:, :end].float() for cache in (keys, values))  # [Hkv, end, D]
-    mask = (
-        torch.arange(end, device=keys.device)[None, :] <= torch.arange(context_start, end, device=keys.device)[:, None]
-    )
-    scale = queries.shape[-1] ** -0.5
-    attended = F.scaled_dot_product_attention(
-        queries.float().transpose(0, 1), k, v, attn_mask=mask, scale=scale, enable_gqa=True
-    )
-    return attended.transpose(0, 1)
-
-
 # (query heads, KV heads, head dim, block size, dtype, splits, keys transposed)
 DECODE_CASES = [
     (2, 2, 64, 16, torch.float32, 1, False),  # no GQA
@@ -96,7 +77,7 @@ DECODE_CASES = [
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "num_splits", "keys_transposed"), DECODE_CASES
 )
-def test_paged_decode_equals_sdpa(
+def test_paged_decode_equals_the_reference(
     device: str,
     num_heads: int,
     num_kv_heads: int,
@@ -106,7 +87,40 @@ def test_paged_decode_equals_sdpa(
     num_splits: int,
     keys_transposed: bool,
 ) -> None:
+    check_paged_decode(device, num_heads, num_kv_heads, head_dim, block_size, dtype, num_splits, keys_transposed)
+
+
+# (window, soft-cap, sinks) x (query heads, KV heads, block size, splits): split-K merges the sinks
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("window", "softcap", "has_sinks"), VARIANTS)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "block_size", "num_splits"), [(4, 2, 16, 1), (4, 1, 32, 4)])
+def test_paged_decode_applies_the_layer_variant(
+    device: str,
+    window: int | None,
+    softcap: float | None,
+    has_sinks: bool,
+    num_heads: int,
+    num_kv_heads: int,
+    block_size: int,
+    num_splits: int,
+) -> None:
+    shape = (num_heads, num_kv_heads, 32, block_size, torch.float32, num_splits, False)
+    check_paged_decode(device, *shape, variant=(window, softcap, has_sinks))
+
+
+def check_paged_decode(
+    device: str,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    num_splits: int,
+    keys_transposed: bool,
+    variant: tuple[int | None, float | None, bool] = (None, None, False),
+) -> None:
     torch.manual_seed(num_heads * 1000 + head_dim + block_size + num_splits)
+    layer = layer_variant(head_dim**-0.5, num_heads, *variant, device=device)
     keys, values, stored_keys = random_pool(num_kv_heads, head_dim, block_size, dtype, device, keys_transposed)
     lens = sorted({1, block_size - 1, block_size, block_size + 1, 2 * block_size + 3, 70} - {0})  # across blocks
     tables = scattered_tables(lens, block_size, device)
@@ -116,11 +130,11 @@ def test_paged_decode_equals_sdpa(
 
     paged_decode(
         queries, stored_keys, values, tables, torch.tensor(lens, dtype=torch.int32, device=device),
-        torch.tensor(token_index, dtype=torch.int32, device=device), out, head_dim**-0.5, num_splits, keys_transposed,
+        torch.tensor(token_index, dtype=torch.int32, device=device), out, layer, num_splits, keys_transposed,
     )  # fmt: skip
 
     for row, (token, length) in enumerate(zip(token_index, lens, strict=True)):
-        expected = sdpa_reference(queries[token : token + 1], keys, values, tables[row], length - 1)
+        expected = reference_attention(queries[token : token + 1], keys, values, tables[row], length - 1, layer)
         torch.testing.assert_close(out[token : token + 1].float(), expected, **TOLERANCES[dtype])
     assert out[[t for t in range(len(out)) if t not in token_index]].isnan().all()  # nothing else written
 
@@ -141,7 +155,7 @@ PREFILL_CASES = [
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "keys_transposed"), PREFILL_CASES
 )
-def test_paged_prefill_equals_causal_sdpa(
+def test_paged_prefill_equals_the_causal_reference(
     device: str,
     num_heads: int,
     num_kv_heads: int,
@@ -150,7 +164,29 @@ def test_paged_prefill_equals_causal_sdpa(
     dtype: torch.dtype,
     keys_transposed: bool,
 ) -> None:
+    check_paged_prefill(device, num_heads, num_kv_heads, head_dim, block_size, dtype, keys_transposed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("window", "softcap", "has_sinks"), VARIANTS)
+def test_paged_prefill_applies_the_layer_variant(
+    device: str, window: int | None, softcap: float | None, has_sinks: bool
+) -> None:
+    check_paged_prefill(device, 4, 2, 32, 16, torch.float32, False, variant=(window, softcap, has_sinks))
+
+
+def check_paged_prefill(
+    device: str,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    keys_transposed: bool,
+    variant: tuple[int | None, float | None, bool] = (None, None, False),
+) -> None:
     torch.manual_seed(num_heads * 1000 + head_dim + block_size)
+    layer = layer_variant(head_dim**-0.5, num_heads, *variant, device=device)
     keys, values, stored_keys = random_pool(num_kv_heads, head_dim, block_size, dtype, device, keys_transposed)
     # (tokens already cached, chunk length): a one-token prompt, a first chunk of two query tiles, a later chunk
     # crossing a block boundary, a speculative verify chunk after two blocks
@@ -166,12 +202,12 @@ def test_paged_prefill_equals_causal_sdpa(
     lengths = [length for _, length in chunks]
     paged_prefill(
         queries, stored_keys, values, tables, int32(query_starts), int32(lengths), int32([s for s, _ in chunks]),
-        max(lengths), out, head_dim**-0.5, keys_transposed,
+        max(lengths), out, layer, keys_transposed,
     )  # fmt: skip
 
     written = set()
     for row, ((start, length), first) in enumerate(zip(chunks, query_starts, strict=True)):
-        expected = sdpa_reference(queries[first : first + length], keys, values, tables[row], start)
+        expected = reference_attention(queries[first : first + length], keys, values, tables[row], start, layer)
         torch.testing.assert_close(out[first : first + length].float(), expected, **TOLERANCES[dtype])
         written.update(range(first, first + length))
     assert out[[t for t in range(len(out)) if t not in written]].isnan().all()

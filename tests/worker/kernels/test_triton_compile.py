@@ -21,6 +21,9 @@ from worker.kernels import triton_decode, triton_prefill
 
 assert not triton_decode.IS_INTERPRETED
 GROUP, HEAD_DIM = 8, 128
+FLOAT_ARGUMENTS = ("scale_log2", "cap_scale", "cap_log2")
+PLAIN = {"HAS_SOFTCAP": False, "HAS_SINKS": False}
+EVERY_VARIANT = {"HAS_SOFTCAP": True, "HAS_SINKS": True}  # soft-capped scores, sinks in the output and the merge
 
 
 def compile_for(kernel, dtype, constants, capability):
@@ -29,23 +32,27 @@ def compile_for(kernel, dtype, constants, capability):
             return "constexpr"
         if name in ("query_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"):
             return "*" + dtype
-        if name in ("partial_ptr", "lse_ptr"):
+        if name in ("partial_ptr", "lse_ptr", "sinks_ptr"):
             return "*fp32"
-        return "*i32" if name.endswith("_ptr") else "fp32" if name == "scale_log2" else "i32"
+        return "*i32" if name.endswith("_ptr") else "fp32" if name in FLOAT_ARGUMENTS else "i32"
 
     signature = {name: type_of(name) for name in kernel.arg_names}
     constexprs = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
     triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", capability, 32))
 
 
-for dtype, torch_dtype, capability in (("bf16", torch.bfloat16, 90), ("fp32", torch.float32, 80)):
+for dtype, torch_dtype, capability, variant in (
+    ("bf16", torch.bfloat16, 90, PLAIN),
+    ("fp32", torch.float32, 80, PLAIN),
+    ("bf16", torch.bfloat16, 90, EVERY_VARIANT),
+):
     for splits in (1, 4):
         constants = triton_decode.decode_constants(GROUP, HEAD_DIM, torch_dtype, splits)
-        compile_for(triton_decode._decode_kernel, dtype, constants, capability)
+        compile_for(triton_decode._decode_kernel, dtype, {**constants, **variant}, capability)
     merge = triton_decode.merge_constants(HEAD_DIM, 4)
-    compile_for(triton_decode._merge_splits_kernel, dtype, merge, capability)
+    compile_for(triton_decode._merge_splits_kernel, dtype, {**merge, "HAS_SINKS": variant["HAS_SINKS"]}, capability)
     constants = triton_prefill.prefill_constants(GROUP, HEAD_DIM, torch_dtype)
-    compile_for(triton_prefill._prefill_kernel, dtype, constants, capability)
+    compile_for(triton_prefill._prefill_kernel, dtype, {**constants, **variant}, capability)
 """
 
 

@@ -11,6 +11,7 @@ import torch
 from transformers import PretrainedConfig
 
 from tasks.config import Config
+from worker.engine.attention.layer_attention import layer_windows
 
 if TYPE_CHECKING:
     from worker.kernels.cpu_decode_kernel import CpuDecodeKernel
@@ -24,13 +25,14 @@ class KVShape:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    layer_windows: tuple[int | None, ...] | None = None  # each layer's sliding window; None: no layer slides
 
     @classmethod
     def of(cls, model_config: PretrainedConfig) -> KVShape:
         num_heads = model_config.num_attention_heads
         head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // num_heads
         num_kv_heads = getattr(model_config, "num_key_value_heads", None) or num_heads
-        return cls(model_config.num_hidden_layers, num_kv_heads, head_dim)
+        return cls(model_config.num_hidden_layers, num_kv_heads, head_dim, layer_windows(model_config))
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.itemsize
@@ -66,6 +68,8 @@ class KVPool:
         self.num_kv_heads = shape.num_kv_heads
         self.head_dim = shape.head_dim
         self.dtype = dtype
+        self.layer_windows = shape.layer_windows or (None,) * shape.num_layers
+        self.windows = frozenset(self.layer_windows)  # the gathering path's step metadata is built once for each
         self.decode_kernel = decode_kernel if is_heads_major else None  # reads decode rows' blocks in place
         heads, dim, blocks = shape.num_kv_heads, shape.head_dim, self._num_allocated_blocks
         per_layer = (heads, blocks, block_size, dim) if is_heads_major else (blocks, block_size, heads, dim)
@@ -76,6 +80,13 @@ class KVPool:
     def keys_transposed(self) -> bool:
         """Keys are stored [Hkv, num_blocks, D, block_size], as the CPU decode kernel reads them."""
         return self.decode_kernel is not None
+
+    def check_window(self, layer_idx: int, window: int | None) -> None:
+        """Refuses a call whose sliding window is not the one read from the config for its layer: the step metadata
+        and the blocks kept for the layer assume that one."""
+        expected = self.layer_windows[layer_idx]
+        if window != expected:
+            raise ValueError(f"layer {layer_idx} attends with sliding window {window}; its config says {expected}")
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each in the pool's layout."""
@@ -103,6 +114,12 @@ class KVPool:
     @property
     def num_bytes(self) -> int:
         return self.cache.numel() * self.cache.element_size()
+
+
+def every_layer_window(pool: KVPool) -> int | None:
+    """The widest sliding window when every layer of the pool's model slides (a request's blocks before it are then
+    seen by no later query); None when some layer attends to all earlier tokens."""
+    return None if None in pool.windows else max(pool.windows)
 
 
 def num_pool_tokens(config: Config, bytes_per_token: int, device: torch.device, max_model_len: int) -> int:

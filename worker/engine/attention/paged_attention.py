@@ -1,23 +1,27 @@
 """Our attention function for transformers' AttentionInterface: K/V into the pool's blocks, attention over them.
 
-The model calls it once per layer with the packed sequence's query, key and value (after RoPE), and with the step's
-`PagedStep` and the `KVPool` as keyword arguments that the model passes through to attention.
+The model calls it once per layer with the packed sequence's query, key and value (after RoPE), with the layer's
+variant (scaling, sliding_window, softcap, s_aux: worker/kernels/layer_variant.py), and with the step's `PagedStep`
+and the `KVPool` as keyword arguments that the model passes through to attention.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from worker.engine.attention.gather_attention import gathered_attention
 from worker.engine.attention.kv_pool import KVPool
 from worker.engine.attention.paged_step import PagedStep
+from worker.kernels.layer_variant import LayerVariant
 
-SDPA_BACKEND = "steerbatch_paged_sdpa"
+# Neither name may contain "sdpa" or "flash_attention": transformers would then hold the model to the support flags
+# of its own SDPA or flash-attn path (Gemma 2 has no SDPA path), which have nothing to do with ours.
+PAGED_BACKEND = "steerbatch_paged"
 FLASH_BACKEND = "steerbatch_paged_flash"
 
 
-def paged_sdpa_attention(
+def paged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [1, H, N, D]
     key: torch.Tensor,  # [1, Hkv, N, D]
@@ -29,95 +33,53 @@ def paged_sdpa_attention(
     paged_step: PagedStep | None = None,
     kv_pool: KVPool | None = None,
     kv_cache: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if paged_step is None:  # under torch.compile (worker/engine/compiled_forward.py): the op finds the step itself
-        output = torch.ops.steerbatch.paged_attention(query, key, value, kv_cache, module.layer_idx, scale)
+        output = torch.ops.steerbatch.paged_attention(
+            query, key, value, kv_cache, module.layer_idx, scale, sliding_window or 0, softcap or 0.0, s_aux
+        )
     else:
-        output = paged_sdpa_attention_at(module.layer_idx, query, key, value, scale, paged_step, kv_pool)
+        variant = LayerVariant(scale, sliding_window, softcap, s_aux)
+        output = paged_attention_at(module.layer_idx, query, key, value, variant, paged_step, kv_pool)
     return output[None], None  # [1, N, H, D]
 
 
-def paged_sdpa_attention_at(
+def paged_attention_at(
     layer_idx: int,
     query: torch.Tensor,  # [1, H, N, D]
     key: torch.Tensor,  # [1, Hkv, N, D]
     value: torch.Tensor,  # [1, Hkv, N, D]
-    scale: float,
+    variant: LayerVariant,
     paged_step: PagedStep,
     kv_pool: KVPool,
 ) -> torch.Tensor:
     """[N, H, D], a new tensor: layer `layer_idx`'s attention for every token of the step, after writing their
     K/V into the pool."""
+    kv_pool.check_window(layer_idx, variant.sliding_window)
     if paged_step.triton is not None:  # the Triton kernels: every row over its blocks in place, two launches
-        return paged_step.triton(layer_idx, query, key, value, scale, kv_pool)
+        return paged_step.triton(layer_idx, query, key, value, variant, kv_pool)
     table = paged_step.decode_table
     if table is not None and table.kernel_step is not None:  # most steps: every token a decode row, one call
-        return table.kernel_step(layer_idx, query, key, value, scale)
-    k_cache, v_cache = kv_pool.layer(layer_idx)  # [Hkv, blocks, block_size, D]; keys maybe [Hkv, blocks, D, bs]
+        return table.kernel_step(layer_idx, query, key, value, variant)
     queries = query[0].transpose(0, 1)  # [N, H, D]
     kv_pool.write(layer_idx, paged_step.slot_mapping, key[0], value[0])
-    output = torch.empty_like(queries)
+    # contiguous whatever the queries' strides (gpt-oss hands them heads-major): what the compiled op declares
+    output = torch.empty(queries.shape, dtype=queries.dtype, device=queries.device)
     if table is not None and kv_pool.decode_kernel is not None:  # decode rows among prefill chunks
+        k_cache, v_cache = kv_pool.layer(layer_idx)
         rows = queries.index_select(0, table.token_index)
         output[table.token_index] = kv_pool.decode_kernel.attention(
-            rows, k_cache, v_cache, table.block_tables, table.context_lens, table.max_len, scale
+            rows, k_cache, v_cache, table.block_tables, table.context_lens, table.max_len, variant
         )
-    for decode in paged_step.decode_groups:
-        q = queries.index_select(0, decode.token_index)  # [Bd, H, D]
-        k = gather_blocks(k_cache, decode.block_ids)  # [Hkv, Bd * W * block_size, D]
-        v = gather_blocks(v_cache, decode.block_ids)
-        output[decode.token_index] = decode_attention(q, k, v, decode.score_bias, scale)
-    for chunk in paged_step.prefills:
-        q = queries[chunk.tokens].transpose(0, 1)[None]  # [1, H, n, D]
-        if chunk.is_first:
-            k, v = key[:, :, chunk.tokens], value[:, :, chunk.tokens]  # [1, Hkv, n, D]
-        else:
-            k = gather_keys(k_cache, chunk.block_ids, kv_pool.keys_transposed)[None, :, : chunk.end]  # [1, Hkv, end, D]
-            v = gather_blocks(v_cache, chunk.block_ids)[None, :, : chunk.end]
-        attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=chunk.causal_mask, is_causal=chunk.is_first, scale=scale, enable_gqa=True
-        )
-        output[chunk.tokens] = attended[0].transpose(0, 1)
+    if paged_step.gathered:
+        gathered = paged_step.gathered[variant.sliding_window]
+        gathered_attention(layer_idx, queries, key, value, variant, gathered, kv_pool, output)
     return output
-
-
-def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """The listed blocks of a heads-major layer cache [Hkv, blocks, block_size, D], as [Hkv, len * block_size, D]:
-    whole blocks at a time, each KV head's tokens contiguous, so the matmuls that follow need no copy."""
-    return cache.index_select(1, block_ids).flatten(1, 2)
-
-
-def gather_keys(cache: torch.Tensor, block_ids: torch.Tensor, is_transposed: bool) -> torch.Tensor:
-    """`gather_blocks` for keys, which a pool with the CPU decode kernel stores transposed within blocks."""
-    if not is_transposed:
-        return gather_blocks(cache, block_ids)
-    blocks = cache.index_select(1, block_ids)  # [Hkv, nb, D, block_size]
-    return blocks.transpose(2, 3).reshape(blocks.shape[0], -1, blocks.shape[2])
-
-
-def decode_attention(
-    query: torch.Tensor,  # [B, H, D], one query token per row
-    key: torch.Tensor,  # [Hkv, B * L, D], row b's context at [b * L, (b + 1) * L)
-    value: torch.Tensor,  # [Hkv, B * L, D]
-    score_bias: torch.Tensor,  # [Hkv * B, 1, L]: 0 where the row attends, -inf elsewhere
-    scale: float,
-) -> torch.Tensor:
-    """Attention of one query token per row as two batched matmuls over (KV head, row), the query heads of a group
-    sharing their KV head (GQA); for single-token queries this is several times faster than SDPA on CPU. The mask
-    comes as an additive bias that the first matmul adds as it scales, which saves a masking pass per layer (unlike
-    masked_fill it would turn an infinite score at a padded position into NaN, which finite float32 K/V never give).
-    Returns [B, H, D]."""
-    batch, num_heads, head_dim = query.shape
-    num_kv_heads, length = key.shape[0], score_bias.shape[-1]
-    group = num_heads // num_kv_heads
-    grouped = query.view(batch, num_kv_heads, group, head_dim).transpose(0, 1).reshape(-1, group, head_dim)
-    keys = key.view(num_kv_heads * batch, length, head_dim)  # [Hkv * B, L, D]
-    scores = torch.baddbmm(score_bias, grouped, keys.transpose(1, 2), alpha=scale)  # [Hkv * B, G, L]
-    probs = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
-    attended = torch.bmm(probs, value.view(num_kv_heads * batch, length, head_dim))  # [Hkv * B, G, D]
-    return attended.view(num_kv_heads, batch, group, head_dim).transpose(0, 1).reshape(batch, num_heads, head_dim)
 
 
 def paged_flash_attention(
@@ -131,10 +93,18 @@ def paged_flash_attention(
     *,
     paged_step: PagedStep,
     kv_pool: KVPool,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
+    """flash-attn's varlen kernel over the paged K/V: its window_size=(window - 1, 0) sees the same keys as HF's
+    sliding mask, and it soft-caps; it has no sinks, which the load refuses on this backend."""
     from flash_attn import flash_attn_varlen_func
 
+    if s_aux is not None:
+        raise ValueError("flash-attn's paged kernel has no attention sinks (s_aux)")
+    kv_pool.check_window(module.layer_idx, sliding_window)
     kv_pool.write(module.layer_idx, paged_step.slot_mapping, key[0], value[0])
     k_cache, v_cache = kv_pool.layer(module.layer_idx)  # [blocks, block_size, Hkv, D]
     meta = paged_step.flash
@@ -148,11 +118,13 @@ def paged_flash_attention(
         max_seqlen_k=meta.max_seqlen_k,
         softmax_scale=scaling,
         causal=True,
+        window_size=(-1, -1) if sliding_window is None else (sliding_window - 1, 0),
+        softcap=softcap or 0.0,
         block_table=meta.block_table,
     )
     return output[None], None  # [1, N, H, D]
 
 
 def register_paged_attention() -> None:
-    AttentionInterface.register(SDPA_BACKEND, paged_sdpa_attention)
+    AttentionInterface.register(PAGED_BACKEND, paged_attention)
     AttentionInterface.register(FLASH_BACKEND, paged_flash_attention)

@@ -3,13 +3,13 @@
 All scheduled chunks are packed into one sequence of N tokens. Decode rows (one new token each) attend together:
 through the CPU decode kernel over their block tables when the pool has it, else in one batched call per length
 bucket over their gathered blocks. Prefill chunks attend one by one with a causal mask offset by the tokens
-already in their blocks. The Triton and flash-attn backends take their own metadata instead and attend to every
-chunk in one or two kernel launches.
+already in their blocks. What the gathering path reads depends on the sliding window, so it is built once per window
+the model's layers use (worker/engine/attention/gather_step.py). The Triton and flash-attn backends take their own
+metadata instead and attend to every chunk in one or two kernel launches.
 """
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,21 +17,13 @@ import torch
 
 from scheduler.batch import Batch, ScheduledChunk
 from worker.engine.attention.backend import AttentionBackend
+from worker.engine.attention.block_tables import int64_tensor, padded_block_tables
+from worker.engine.attention.gather_step import GatherRows, build_gather_rows
 from worker.engine.attention.kv_pool import KVPool
 from worker.kernels.cpu_decode_kernel import DecodeStep
 
 if TYPE_CHECKING:
     from worker.engine.attention.triton_step import TritonStep
-
-GROUP_GROWTH = 1.5
-MIN_GROUP_SIZE = 4  # below this, another attention call costs more than the padding it saves
-
-
-@dataclass(frozen=True)
-class DecodeRows:
-    token_index: torch.Tensor  # [Bd] positions of the decode tokens in the packed sequence
-    block_ids: torch.Tensor  # [Bd * W] each row's first W blocks, padded with block 0
-    score_bias: torch.Tensor  # [Hkv * Bd, 1, W * block_size]: 0 where a row attends, -inf elsewhere
 
 
 @dataclass(frozen=True)
@@ -43,15 +35,6 @@ class DecodeTable:
     context_lens: torch.Tensor  # [B] int64
     max_len: int
     kernel_step: DecodeStep | None  # when every token of the step is a decode row: stores each layer's K/V, attends
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    tokens: slice  # the chunk's span of the packed sequence
-    is_first: bool  # nothing computed before it: attend over its own new K/V, causally
-    block_ids: torch.Tensor  # [nb] the blocks holding tokens 0..end of the request
-    end: int  # the request's tokens up to the chunk's last
-    causal_mask: torch.Tensor | None  # [n, end] True where a query attends; None when is_first
 
 
 @dataclass(frozen=True)
@@ -70,11 +53,10 @@ class PagedStep:
     slot_mapping: torch.Tensor  # [N] pool slot of each new token
     logits_indices: torch.Tensor  # [S] the last token of each sampling chunk
     token_rows: torch.Tensor  # [N] the chunk each token belongs to
-    decode_groups: list[DecodeRows]  # decode rows bucketed by context length, so little of the gather is padding
-    decode_table: DecodeTable | None  # instead of decode_groups when the pool has the CPU decode kernel
-    prefills: list[PrefillChunk]
+    gathered: dict[int | None, GatherRows]  # per sliding window of the model's layers: what the SDPA path gathers
+    decode_table: DecodeTable | None  # for the CPU decode kernel, which attends the decode rows instead
     flash: FlashMetadata | None
-    triton: TritonStep | None  # the Triton kernels' metadata, instead of decode_groups, decode_table and prefills
+    triton: TritonStep | None  # the Triton kernels' metadata, instead of gathered and decode_table
 
 
 def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, backend: AttentionBackend) -> PagedStep:
@@ -114,73 +96,22 @@ def build_paged_step(batch: Batch, kv_pool: KVPool, device: torch.device, backen
     if has_kernel and decode_chunks:
         decode_table = _decode_table(decode_chunks, decode_token_index, len(input_ids), kv_pool, slot_mapping, device)
     has_prefill = len(decode_chunks) < len(chunks)
+    gathered = {}
+    if is_gathering and (has_prefill or not has_kernel):
+        has_decodes = not has_kernel and bool(decode_chunks)
+        gathered = {
+            window: build_gather_rows(chunks, window, kv_pool, device, has_decodes) for window in kv_pool.windows
+        }
     return PagedStep(
         input_ids=int64_tensor(input_ids, device)[None],
         position_ids=int64_tensor(positions, device)[None],
         slot_mapping=slot_mapping,
         logits_indices=int64_tensor(logits_indices, device),
         token_rows=int64_tensor(rows, device),
-        decode_groups=_decode_groups(chunks, kv_pool, device) if is_gathering and not has_kernel else [],
+        gathered=gathered,
         decode_table=decode_table,
-        prefills=_prefill_chunks(chunks, block_size, device) if has_prefill and is_gathering else [],
         flash=_flash_metadata(chunks, device) if for_flash else None,
         triton=_triton_step(chunks, slot_mapping, kv_pool, device) if for_triton else None,
-    )
-
-
-def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    """[len(values)] int64 on `device`. Through an array rather than torch.tensor(list): a step builds several of
-    these, and torch.tensor converts a list 3x slower."""
-    if not values:
-        return torch.empty(0, dtype=torch.int64, device=device)
-    tensor = torch.frombuffer(array("q", values), dtype=torch.int64)
-    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
-
-
-def padded_block_tables(chunks: list[ScheduledChunk]) -> torch.Tensor:
-    """[R, max_blocks] int64 on the CPU, padded with block 0 (masked out wherever it pads)."""
-    tables = [chunk.request.block_table for chunk in chunks]
-    width = max(map(len, tables))
-    flat: list[int] = []
-    for table in tables:
-        flat += table
-        if len(table) < width:
-            flat += [0] * (width - len(table))
-    return int64_tensor(flat, torch.device("cpu")).view(len(chunks), width)
-
-
-def _decode_groups(chunks: list[ScheduledChunk], kv_pool: KVPool, device: torch.device) -> list[DecodeRows]:
-    """Decode rows sorted by context length and cut where a row needs GROUP_GROWTH x the blocks of its group's
-    shortest, so each group's gather pads every row to at most that much more than it holds."""
-    rows = sorted((row for row, chunk in enumerate(chunks) if chunk.is_decode), key=lambda row: chunks[row].end)
-    first_token = [0]
-    for chunk in chunks:
-        first_token.append(first_token[-1] + chunk.num_tokens)
-    groups: list[list[int]] = []
-    for row in rows:
-        if groups and (len(groups[-1]) < MIN_GROUP_SIZE or chunks[row].end <= GROUP_GROWTH * chunks[groups[-1][0]].end):
-            groups[-1].append(row)
-        else:
-            groups.append([row])
-    return [_decode_rows(chunks, group, first_token, kv_pool, device) for group in groups]
-
-
-def _decode_rows(
-    chunks: list[ScheduledChunk], rows: list[int], first_token: list[int], kv_pool: KVPool, device: torch.device
-) -> DecodeRows:
-    block_size = kv_pool.block_size
-    context_lens = [chunks[row].end for row in rows]
-    width = -(-max(context_lens) // block_size)  # blocks per row
-    block_ids = []
-    for row in rows:
-        table = chunks[row].request.block_table[:width]
-        block_ids.extend(table + [0] * (width - len(table)))
-    is_padding = torch.arange(width * block_size)[None, :] >= torch.tensor(context_lens)[:, None]  # [Bd, W * bs]
-    bias = torch.zeros(is_padding.shape, dtype=kv_pool.dtype).masked_fill_(is_padding, float("-inf"))
-    return DecodeRows(
-        token_index=int64_tensor([first_token[row] for row in rows], device),
-        block_ids=int64_tensor(block_ids, device),
-        score_bias=bias.repeat(kv_pool.num_kv_heads, 1)[:, None, :].to(device, non_blocking=True),  # KV head major
     )
 
 
@@ -209,27 +140,6 @@ def _decode_table(
         max_len=max(lens),
         kernel_step=kernel_step,
     )
-
-
-def _prefill_chunks(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> list[PrefillChunk]:
-    prefills, token_start = [], 0
-    for chunk in chunks:
-        if not chunk.is_decode:
-            is_first = chunk.start == 0
-            queries = torch.arange(chunk.start, chunk.end, device=device)[:, None]  # [n, 1]
-            keys = torch.arange(chunk.end, device=device)[None, :]  # [1, end]
-            num_blocks = -(-chunk.end // block_size)
-            prefills.append(
-                PrefillChunk(
-                    tokens=slice(token_start, token_start + chunk.num_tokens),
-                    is_first=is_first,
-                    block_ids=int64_tensor(chunk.request.block_table[:num_blocks], device),
-                    end=chunk.end,
-                    causal_mask=None if is_first else keys <= queries,
-                )
-            )
-        token_start += chunk.num_tokens
-    return prefills
 
 
 def _flash_metadata(chunks: list[ScheduledChunk], device: torch.device) -> FlashMetadata:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from scheduler.batch import ScheduledChunk
+from worker.engine.attention.block_tables import padded_block_tables
 from worker.engine.attention.kv_pool import KVPool
-from worker.engine.attention.paged_step import padded_block_tables
+from worker.kernels.layer_variant import LayerVariant
 from worker.kernels.triton_decode import num_decode_splits, paged_decode
 from worker.kernels.triton_prefill import paged_prefill
 
@@ -47,7 +48,7 @@ class TritonStep:
         query: torch.Tensor,  # [1, H, N, D]
         key: torch.Tensor,  # [1, Hkv, N, D]
         value: torch.Tensor,  # [1, Hkv, N, D]
-        scale: float,
+        variant: LayerVariant,
         kv_pool: KVPool,
     ) -> torch.Tensor:
         """[N, H, D]: layer `layer_idx`'s attention for every token of the step, after writing their K/V into the
@@ -60,14 +61,14 @@ class TritonStep:
         if self.decode is not None:
             rows = self.decode
             paged_decode(
-                queries, k_cache, v_cache, rows.block_tables, rows.context_lens, rows.token_index, output, scale,
+                queries, k_cache, v_cache, rows.block_tables, rows.context_lens, rows.token_index, output, variant,
                 rows.num_splits, is_transposed,
             )  # fmt: skip
         if self.prefill is not None:
             chunks = self.prefill
             paged_prefill(
                 queries, k_cache, v_cache, chunks.block_tables, chunks.query_starts, chunks.query_lens,
-                chunks.context_starts, chunks.max_query_len, output, scale, is_transposed,
+                chunks.context_starts, chunks.max_query_len, output, variant, is_transposed,
             )  # fmt: skip
         return output
 

@@ -116,9 +116,8 @@ class DecodeBuffers:
             slot_mapping=slot_mapping,
             logits_indices=self.row_index[:bucket],
             token_rows=self.row_index[:bucket],
-            decode_groups=[],
+            gathered={},
             decode_table=None,
-            prefills=[],
             flash=None,
             triton=TritonStep(slot_mapping, decode, None),
         )
