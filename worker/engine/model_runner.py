@@ -110,7 +110,7 @@ class ModelRunner:
         started = time.perf_counter()
         model_config = AutoConfig.from_pretrained(config.model)
         self.max_model_len = config.max_model_len or int(model_config.max_position_embeddings)
-        check_model_supported(config.model, model_config, self.max_model_len)  # before any weights load
+        check_model_supported(config.model, model_config, self.max_model_len, self.attention_backend)  # before weights
         self.model = AutoModelForCausalLM.from_pretrained(
             config.model, config=model_config, dtype=self.dtype, attn_implementation=hf_attention
         )
@@ -119,7 +119,7 @@ class ModelRunner:
         self.draft_model: PreTrainedModel | None = None  # SPECULATIVE_DRAFT_MODEL's, with its own pool of our blocks
         if config.speculative_draft_model:
             draft = config.speculative_draft_model
-            check_model_supported(draft, AutoConfig.from_pretrained(draft), self.max_model_len)
+            check_model_supported(draft, AutoConfig.from_pretrained(draft), self.max_model_len, self.attention_backend)
             self.draft_model = load_draft_weights(
                 config.speculative_draft_model,
                 self.model.config,

@@ -9,37 +9,21 @@ import pytest
 from transformers import AutoConfig
 
 from tasks.config import Config
-from tests.worker.family_configs import family_config, write_family_model
+from tests.worker.family_configs import FAMILIES, family_config, write_family_model
+from worker.engine.attention.backend import AttentionBackend
 from worker.engine.model_runner import ModelRunner
 from worker.engine.model_support import UnsupportedModelError, check_model_supported, unsupported_features
 
-SERVED_BY_DEFAULT = ("llama", "mixtral", "qwen3_moe", "qwen2", "qwen3", "gemma", "phi3", "olmo2", "granite")
-SERVED_BY_DEFAULT += ("gpt2", "gpt_neox", "opt")
 
-
-@pytest.mark.parametrize("family", SERVED_BY_DEFAULT)
-def test_families_without_unimplemented_variants_are_supported(family: str) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_of_the_table_is_supported(family: str) -> None:
     assert unsupported_features(family_config(family), 4096) == []
 
 
-@pytest.mark.parametrize(
-    ("family", "missing"),
-    [
-        ("mistral", ["sliding-window attention (a 16-token window on layers 0, 1, 2, 3"]),
-        ("gemma2", ["sliding-window attention (a 16-token window on layers 0, 2,", "soft-capping"]),
-        ("gemma3_text", ["sliding-window attention (a 16-token window on layers 0, 1, 2, 3, 4,"]),
-        ("gpt_oss", ["sliding-window attention (a 16-token window on layers 0, 2,", "attention sinks"]),
-    ],
-)
-def test_attention_variants_the_backends_lack_are_named(family: str, missing: list[str]) -> None:
-    found = unsupported_features(family_config(family), 1024)
-    assert len(found) == len(missing)
-    assert all(text in message for text, message in zip(missing, found, strict=True))
-
-
-def test_a_window_no_context_can_pass_is_served_as_full_attention() -> None:
-    assert unsupported_features(family_config("mistral"), 16) == []
-    assert unsupported_features(family_config("mistral"), 17) != []
+def test_a_variant_a_backend_lacks_is_named() -> None:
+    with pytest.raises(UnsupportedModelError, match=r"attention sinks .* on the flash_attn backend"):
+        check_model_supported("my-model", family_config("gpt_oss"), 1024, AttentionBackend.FLASH_ATTN)
+    check_model_supported("my-model", family_config("gpt_oss"), 1024, AttentionBackend.TRITON)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +47,7 @@ def test_rope_that_rescales_with_the_steps_longest_position_is_refused_past_its_
 
 
 def test_the_runner_refuses_before_loading_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
-    folder, _ = write_family_model("mistral", tmp_path / "mistral", tiny_model_dir)
+    folder, _ = write_family_model("llama", tmp_path / "llama", tiny_model_dir, attention_chunk_size=8)
     (folder / "model.safetensors").unlink()  # a refusal that read the weights would fail on this instead
-    with pytest.raises(UnsupportedModelError, match="sliding-window attention"):
+    with pytest.raises(UnsupportedModelError, match="chunked attention"):
         ModelRunner(Config(model=str(folder), device="cpu", kv_cache_tokens=256))
