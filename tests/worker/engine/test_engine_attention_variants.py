@@ -52,11 +52,12 @@ def family_model(
 
 
 def engine_over(
-    model_dir: Path, backend: str, caplog: pytest.LogCaptureFixture
+    model_dir: Path, backend: str, caplog: pytest.LogCaptureFixture, device: str = "cpu", dtype: str = "float32"
 ) -> Iterator[tuple[ContinuousEngine, ModelRunner]]:
     config = Config(
         model=str(model_dir),
-        device="cpu",
+        device=device,
+        dtype=dtype,
         attention_backend=backend,
         max_num_seqs=8,
         kv_cache_tokens=4096,
