@@ -68,6 +68,11 @@ class Config:
     spec_max_batch_size: int = 4  # no speculation in steps with more running requests (crossover measured on CPU)
     spec_min_acceptance: float = 0.3  # below this running acceptance rate a request proposes one token at a time
     device: str = "auto"  # auto: cuda when available, else cpu
+    # auto: the checkpoint's own quantization_config (or float weights); none: float weights only; torchao_int8,
+    # torchao_int4, bitsandbytes_8bit, bitsandbytes_4bit: quantize a float checkpoint while it loads; gptq, awq,
+    # compressed-tensors, torchao, bitsandbytes: the method the checkpoint must be quantized with
+    # (worker/engine/quantization.py)
+    quantization: str = "auto"
     dtype: str = (
         "auto"  # auto | float32 | bfloat16 | float16; auto: bfloat16 on cuda (float16 before Ampere), float32 on cpu
     )

@@ -71,7 +71,9 @@ def load_model(sender: WorkController, **_: object) -> None:
         config,
         sender.hostname,
         is_healthy=engine.is_alive,
-        read_stats=lambda: worker_stats(sender.hostname, config.model_name, engine, metrics.registry),
+        read_stats=lambda: worker_stats(
+            sender.hostname, config.model_name, runner.quantization.name, engine, metrics.registry
+        ),
         on_error=metrics.count_error,
     )
     lease.start()

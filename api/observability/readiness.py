@@ -25,6 +25,7 @@ def _model(model: ModelState, now: float) -> dict[str, Any]:
         "workers": [
             {
                 "name": worker.worker,
+                "quantization": worker.quantization,
                 "heartbeat_age_s": round(worker.heartbeat_age_s(now), 3),
                 "num_requests_running": worker.num_running,
                 "num_requests_waiting": worker.num_waiting,

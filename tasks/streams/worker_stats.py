@@ -42,7 +42,8 @@ class MetricFamily:
 
 @dataclass(frozen=True)
 class WorkerStats:
-    """What a worker last published: its model, when (its heartbeat), its engine's load and all of its metrics."""
+    """What a worker last published: its model and how it is quantized, when (its heartbeat), its engine's load and
+    all of its metrics."""
 
     worker: str
     model: str
@@ -52,6 +53,7 @@ class WorkerStats:
     kv_cache_usage: float  # the fraction of KV blocks held by requests, 0 to 1
     engine: dict[str, Any]  # worker.engine.stats.EngineStats.to_dict()
     families: list[MetricFamily]
+    quantization: str = "none"  # the model's weights: "none", or "<method>:<scheme>" (worker/engine/quantization.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +65,7 @@ class WorkerStats:
             "kv_cache_usage": self.kv_cache_usage,
             "engine": self.engine,
             "families": [family.to_dict() for family in self.families],
+            "quantization": self.quantization,
         }
 
     @classmethod
@@ -76,6 +79,7 @@ class WorkerStats:
             kv_cache_usage=float(data["kv_cache_usage"]),
             engine=dict(data["engine"]),
             families=[MetricFamily.from_dict(family) for family in data["families"]],
+            quantization=str(data["quantization"]),
         )
 
     def heartbeat_age_s(self, now: float | None = None) -> float:

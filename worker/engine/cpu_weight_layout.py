@@ -13,13 +13,15 @@ import torch
 
 
 def store_linear_weights_column_major(model: torch.nn.Module) -> int:
-    """Re-lays every float32 linear weight of `model` column-major; returns how many. A weight an embedding shares
-    (tied input and output embeddings) keeps its layout: the embedding gathers its rows."""
+    """Re-lays every plain float32 linear weight of `model` column-major; returns how many. A weight an embedding
+    shares (tied input and output embeddings) keeps its layout: the embedding gathers its rows."""
     embedded = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
     relaid: dict[int, torch.nn.Parameter] = {}  # by the old weight's id: linears sharing a weight keep sharing it
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if not isinstance(module, torch.nn.Linear) or weight is None or weight.dtype != torch.float32:
+            continue
+        if type(weight) is not torch.nn.Parameter:  # a quantized weight (torchao's, bitsandbytes') keeps its own
             continue
         if id(weight) in embedded or weight.stride(0) == 1:
             continue

@@ -11,7 +11,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
 from scheduler.batch import Batch, ScheduledChunk
 from steering.batch_hooks import BatchHooks
@@ -29,6 +29,7 @@ from worker.engine.graphs.graph_mode import GraphMode, resolve_graph_mode
 from worker.engine.model_support import check_model_supported
 from worker.engine.sampler import Argmax, torch_argmax
 from worker.engine.speculation.draft_weights import load_draft_weights
+from worker.engine.target_weights import load_target_weights
 from worker.engine.transfers import to_device
 from worker.kernels.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
 from worker.steering.request_sae import RequestSAE
@@ -111,10 +112,9 @@ class ModelRunner:
         model_config = AutoConfig.from_pretrained(config.model)
         self.max_model_len = config.max_model_len or int(model_config.max_position_embeddings)
         check_model_supported(config.model, model_config, self.max_model_len, self.attention_backend)  # before weights
-        self.model = AutoModelForCausalLM.from_pretrained(
-            config.model, config=model_config, dtype=self.dtype, attn_implementation=hf_attention
+        self.model, self.quantization = load_target_weights(
+            config.model, model_config, config.quantization, self.device, self.dtype, hf_attention
         )
-        self.model.to(self.device).eval()
         self.eos_token_ids = read_eos_token_ids(self.model)
         self.draft_model: PreTrainedModel | None = None  # SPECULATIVE_DRAFT_MODEL's, with its own pool of our blocks
         if config.speculative_draft_model:
@@ -150,10 +150,11 @@ class ModelRunner:
         if graph_mode is not None:
             self._graphs = self._load_decode_graphs(config.max_num_seqs, graph_mode)
         logger.info(
-            "loaded %s on %s as %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s",
+            "loaded %s on %s as %s, quantization %s: %.1fM parameters in %.1fs, max_model_len %d, eos %s, attention %s",
             config.model,
             self.device,
             self.dtype,
+            self.quantization.name,
             self.model.num_parameters() / 1e6,
             time.perf_counter() - started,
             self.max_model_len,

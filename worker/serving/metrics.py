@@ -151,8 +151,11 @@ def collect_families(registry: CollectorRegistry) -> list[MetricFamily]:
     return families
 
 
-def worker_stats(worker: str, model: str, engine: ContinuousEngine, registry: CollectorRegistry) -> WorkerStats:
-    """What the lease thread publishes: `registry` holds the serving metrics and an EngineCollector of `engine`."""
+def worker_stats(
+    worker: str, model: str, quantization: str, engine: ContinuousEngine, registry: CollectorRegistry
+) -> WorkerStats:
+    """What the lease thread publishes: `registry` holds the serving metrics and an EngineCollector of `engine`;
+    `quantization` is the model's (Quantization.name)."""
     load = engine.load()
     return WorkerStats(
         worker=worker,
@@ -166,4 +169,5 @@ def worker_stats(worker: str, model: str, engine: ContinuousEngine, registry: Co
         kv_cache_usage=load.kv_cache_usage,
         engine=engine.stats.to_dict(),
         families=collect_families(registry),
+        quantization=quantization,
     )
