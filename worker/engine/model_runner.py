@@ -25,7 +25,7 @@ from worker.engine.attention.paged_attention import FLASH_BACKEND, PAGED_BACKEND
 from worker.engine.attention.paged_step import PagedStep, build_paged_step
 from worker.engine.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
 from worker.engine.cpu_weight_layout import store_linear_weights_column_major
-from worker.engine.graphs.graph_mode import GraphMode, resolve_graph_mode
+from worker.engine.graphs.graph_mode import GraphMode, graph_mode_for_model, resolve_graph_mode
 from worker.engine.model_support import check_model_supported
 from worker.engine.sampler import Argmax, torch_argmax
 from worker.engine.speculation.draft_weights import load_draft_weights
@@ -110,6 +110,7 @@ class ModelRunner:
         hf_attention = FLASH_BACKEND if self.is_flash else PAGED_BACKEND
         started = time.perf_counter()
         model_config = AutoConfig.from_pretrained(config.model)
+        graph_mode = graph_mode_for_model(graph_mode, model_config)
         self.max_model_len = config.max_model_len or int(model_config.max_position_embeddings)
         check_model_supported(config.model, model_config, self.max_model_len, self.attention_backend)  # before weights
         self.model, self.quantization = load_target_weights(

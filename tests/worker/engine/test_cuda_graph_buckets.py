@@ -12,6 +12,7 @@ from scheduler.batch import Batch, ScheduledChunk
 from scheduler.request import Request
 from steering.hook_points import RESID_POST, RESID_PRE, HookPoint
 from steering.step_plan import MonitorTap, SteeringTable, StepPlan
+from tests.worker.family_configs import family_config
 from worker.engine.attention.backend import AttentionBackend
 from worker.engine.attention.kv_pool import KVPool, KVShape
 from worker.engine.attention.paged_attention import paged_attention_at
@@ -27,6 +28,7 @@ from worker.engine.graphs.decode_buffers import (
     is_graph_step,
 )
 from worker.engine.graphs.graph_hooks import GraphHookBuffers, HookSet
+from worker.engine.graphs.graph_mode import GraphMode, graph_mode_for_model, has_routed_experts
 from worker.kernels.layer_variant import LayerVariant
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_ROWS, MAX_BLOCKS_PER_ROW = 16, 24, 8, 4
@@ -135,3 +137,14 @@ def test_hook_buffers_hold_each_rows_delta_and_zeros_elsewhere_and_a_residual_bu
 
     buffers.load(None, 2)  # a step that steers nowhere zeroes what the last one left
     assert not capture.steering[point].deltas.any()
+
+
+@pytest.mark.parametrize(
+    ("family", "has_experts"),
+    [("mixtral", True), ("qwen3_moe", True), ("gpt_oss", True), ("llama", False), ("gemma2", False)],
+)
+def test_models_with_routed_experts_decode_eagerly_on_cuda(family: str, has_experts: bool) -> None:
+    config = family_config(family)
+    assert has_routed_experts(config) is has_experts
+    assert graph_mode_for_model(GraphMode.CAPTURE, config) is (None if has_experts else GraphMode.CAPTURE)
+    assert graph_mode_for_model(GraphMode.EAGER_REPLAY, config) is GraphMode.EAGER_REPLAY

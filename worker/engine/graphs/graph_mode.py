@@ -7,6 +7,7 @@ import logging
 from enum import Enum
 
 import torch
+from transformers import PretrainedConfig
 
 from worker.engine.attention.backend import AttentionBackend
 
@@ -34,3 +35,19 @@ def resolve_graph_mode(name: str, device: torch.device, backend: AttentionBacken
     if name == "auto":
         return GraphMode.CAPTURE if device.type == "cuda" else None
     return GraphMode.EAGER_REPLAY
+
+
+def has_routed_experts(config: PretrainedConfig) -> bool:
+    """Mixture-of-experts layers (Mixtral, Qwen3-MoE, gpt-oss): HF's experts route tokens with a count copied from
+    the host each step (`torch._grouped_mm`'s offsets), which a CUDA graph cannot record."""
+    text_config = config.get_text_config()
+    return any(getattr(text_config, name, None) for name in ("num_experts_per_tok", "num_local_experts", "num_experts"))
+
+
+def graph_mode_for_model(mode: GraphMode | None, config: PretrainedConfig) -> GraphMode | None:
+    """`mode`, unless the model's layers cannot be captured: then every step runs eagerly (seen on an H100 with
+    transformers 5.17: capturing a Mixtral step failed copying the experts' offsets from the host)."""
+    if mode is GraphMode.CAPTURE and has_routed_experts(config):
+        logger.info("decode steps run eagerly: the model's experts copy their routing from the host each step")
+        return None
+    return mode
