@@ -112,7 +112,9 @@ class ModelRunner:
         model_config = AutoConfig.from_pretrained(config.model)
         graph_mode = graph_mode_for_model(graph_mode, model_config)
         self.max_model_len = config.max_model_len or int(model_config.max_position_embeddings)
-        check_model_supported(config.model, model_config, self.max_model_len, self.attention_backend)  # before weights
+        check_model_supported(  # before any weights load
+            config.model, model_config, self.max_model_len, self.attention_backend, self.device.type
+        )
         self.model, self.quantization = load_target_weights(
             config.model, model_config, config.quantization, self.device, self.dtype, hf_attention
         )
@@ -120,7 +122,9 @@ class ModelRunner:
         self.draft_model: PreTrainedModel | None = None  # SPECULATIVE_DRAFT_MODEL's, with its own pool of our blocks
         if config.speculative_draft_model:
             draft = config.speculative_draft_model
-            check_model_supported(draft, AutoConfig.from_pretrained(draft), self.max_model_len, self.attention_backend)
+            check_model_supported(
+                draft, AutoConfig.from_pretrained(draft), self.max_model_len, self.attention_backend, self.device.type
+            )
             self.draft_model = load_draft_weights(
                 config.speculative_draft_model,
                 self.model.config,

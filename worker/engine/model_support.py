@@ -27,17 +27,24 @@ class UnsupportedModelError(ValueError):
 
 
 def check_model_supported(
-    name: str, config: PretrainedConfig, max_model_len: int, backend: AttentionBackend | None = None
+    name: str,
+    config: PretrainedConfig,
+    max_model_len: int,
+    backend: AttentionBackend | None = None,
+    device_type: str | None = None,
 ) -> None:
     """Raises UnsupportedModelError naming everything about `config` the engine does not implement, for contexts of
-    up to `max_model_len` tokens (on attention `backend`, when given)."""
-    missing = unsupported_features(config, max_model_len, backend)
+    up to `max_model_len` tokens (on attention `backend` and a `device_type` device, when given)."""
+    missing = unsupported_features(config, max_model_len, backend, device_type)
     if missing:
         raise UnsupportedModelError(f"{name} cannot be served exactly; the engine lacks: {'; '.join(missing)}")
 
 
 def unsupported_features(
-    config: PretrainedConfig, max_model_len: int, backend: AttentionBackend | None = None
+    config: PretrainedConfig,
+    max_model_len: int,
+    backend: AttentionBackend | None = None,
+    device_type: str | None = None,
 ) -> list[str]:
     if getattr(config, "is_encoder_decoder", False):
         return [f"encoder-decoder models ({config.model_type} has an encoder; the engine runs decoder-only models)"]
@@ -47,7 +54,8 @@ def unsupported_features(
         known = ", ".join(sorted(FAMILY_LAYOUTS))
         return [f"the model family {config.model_type!r} (families the engine runs exactly: {known})"]
     # sliding windows, soft-caps, sinks and `scaling` are implemented in every backend's kernels; what is not, is here
-    return unsupported_attention_variants(config, backend) + step_dependent_positions(config, max_model_len)
+    missing = unsupported_attention_variants(config, backend, device_type)
+    return missing + step_dependent_positions(config, max_model_len)
 
 
 def step_dependent_positions(config: PretrainedConfig, max_model_len: int) -> list[str]:

@@ -51,3 +51,10 @@ def test_the_runner_refuses_before_loading_weights(tiny_model_dir: Path, tmp_pat
     (folder / "model.safetensors").unlink()  # a refusal that read the weights would fail on this instead
     with pytest.raises(UnsupportedModelError, match="chunked attention"):
         ModelRunner(Config(model=str(folder), device="cpu", kv_cache_tokens=256))
+
+
+def test_soft_capped_attention_is_refused_on_cuda_and_served_on_cpu() -> None:
+    config = family_config("gemma2")
+    with pytest.raises(UnsupportedModelError, match="attention-logit soft-capping on CUDA"):
+        check_model_supported("gemma-2", config, 1024, AttentionBackend.TRITON, "cuda")
+    check_model_supported("gemma-2", config, 1024, AttentionBackend.TRITON, "cpu")
