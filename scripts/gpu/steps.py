@@ -28,8 +28,12 @@ FAMILY_TEST_FILES = {
 GPU_TEST_FILES = (*KERNEL_TEST_FILES, *FAMILY_TEST_FILES["cuda"], *GRAPH_TEST_FILES)
 ENGINE_BENCH_MODULE = "bench.gpu"
 NOT_YET_SERVED = {
-    "d": "quantized weights and KV dtypes: the engine serves neither yet (weights and KV in the model's dtype), so "
-    "there is nothing of theirs to check on CUDA",
+    "d": (
+        "quantized formats and KV dtypes that need CUDA: the formats the engine serves (torchao int8/int4 "
+        "weight-only, compressed-tensors, bitsandbytes 8-bit) run and are tested on CPU; GPTQ and AWQ need "
+        "gptqmodel, whose wheels pull another torch, and are refused; KV dtypes other than the model's are not "
+        "served yet"
+    ),
 }
 TAIL_LINES = 60
 
