@@ -64,6 +64,20 @@ def test_a_spec_compiles_once_and_a_failure_is_remembered(tiny_model_dir: Path) 
     assert grammars.num_compiles == 2
 
 
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        (GrammarKind.JSON_SCHEMA, json.dumps({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})),
+        (GrammarKind.REGEX, "[^\\s\\S]"),
+        (GrammarKind.GRAMMAR, 'root ::= a\na ::= a "x"'),
+    ],
+)
+def test_a_grammar_matching_no_text_is_the_request_error(tiny_model_dir: Path, kind: GrammarKind, value: str) -> None:
+    with pytest.raises(GrammarError, match="p can never be matched") as error:
+        compiler(tiny_model_dir).compile(GrammarSpec(kind, value, "p"))
+    assert error.value.param == "p"
+
+
 def test_a_compile_past_the_time_limit_is_the_request_error(tiny_model_dir: Path) -> None:
     properties = {f"p{i}": {"type": "string", "pattern": "[a-z]{3,9}@[a-z]{2,8}\\.(com|org)"} for i in range(200)}
     slow = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps({"type": "object", "properties": properties}), "guided_json")

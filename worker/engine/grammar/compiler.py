@@ -47,8 +47,8 @@ class GrammarCompiler:
         self.num_compiles = 0
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
-        """Raises GrammarError (with the spec's param) for a grammar that fails or outlasts the time limit; an
-        abandoned compile finishes in its thread, and a later request for the same spec waits on it."""
+        """Raises GrammarError (with the spec's param) for a grammar that fails, matches no text or outlasts the time
+        limit; an abandoned compile finishes in its thread, and a later request for the same spec waits on it."""
         compilation = self._compilation(spec)
         try:
             return compilation.result(timeout=self._timeout_s)
@@ -89,9 +89,12 @@ class GrammarCompiler:
             if self._compiler is None:
                 self._compiler = self._new_compiler()
             compiler = self._compiler
-        from worker.engine.grammar.sources import compile_spec  # imports xgrammar
+        from worker.engine.grammar.sources import can_start, compile_spec  # imports xgrammar
 
-        return compile_spec(compiler, spec)
+        compiled = compile_spec(compiler, spec)
+        if not can_start(compiled):
+            raise GrammarError(f"{spec.param} can never be matched: no text satisfies it", spec.param)
+        return compiled
 
     def _new_compiler(self) -> xgr.GrammarCompiler:
         import xgrammar as xgr
