@@ -27,7 +27,7 @@ from api.structured.grammar import request_grammar
 from api.structured.tools import NO_TOOLS, ToolPlan
 from tasks.celery_app import enqueue_generate
 from tasks.messages.generation import Endpoint, ErrorInfo, GenerateRequest, StreamEvent
-from tasks.reapers.orphans import fail_if_orphaned
+from tasks.reapers.orphans import settle_quiet_request
 from tasks.store.finish import cancel_request
 from tasks.store.models import RequestRecord, RequestStatus
 from tasks.store.request_store import create_request, get_request, record_result
@@ -142,7 +142,7 @@ def request_frames(record: RequestRecord, after_id: str, on_timeout: Callable[[]
         heartbeat_s=svc.config.sse_heartbeat_s,
         timeout_s=svc.config.request_timeout_s,
         on_timeout=on_timeout,
-        on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id),
+        on_idle=lambda: settle_quiet_request(svc.sessions, svc.redis, svc.config, record.id),
     )
 
 
@@ -195,8 +195,8 @@ def wait_for_finished(record: RequestRecord) -> RequestRecord:
 def _wait_for_final(record: RequestRecord, attachment: StreamAttachment) -> StreamEvent | None:
     svc = services()
 
-    def check_worker() -> None:
-        fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
+    def check_request() -> None:
+        settle_quiet_request(svc.sessions, svc.redis, svc.config, record.id)
 
     def check_client() -> None:
         attachment.renew_if_due()
@@ -209,6 +209,6 @@ def _wait_for_final(record: RequestRecord, attachment: StreamAttachment) -> Stre
         RedisKeys(svc.config.redis_prefix).request_stream(record.id),
         idle_s=svc.config.sse_heartbeat_s,
         timeout_s=svc.config.request_timeout_s,
-        on_idle=check_worker,
+        on_idle=check_request,
         on_tick=check_client,
     )
