@@ -26,7 +26,7 @@ from api.streaming.sse import resumable_response, sse_response
 from api.structured.grammar import request_grammar
 from api.structured.tools import NO_TOOLS, ToolPlan
 from tasks.celery_app import enqueue_generate
-from tasks.messages.generation import Endpoint, ErrorInfo, GenerateRequest, StreamEvent
+from tasks.messages.generation import Endpoint, ErrorInfo, GenerateRequest, StreamEvent, error_status_code
 from tasks.reapers.orphans import settle_quiet_request
 from tasks.store.finish import cancel_request
 from tasks.store.models import RequestRecord, RequestStatus
@@ -36,7 +36,6 @@ from tasks.streams.events import STREAM_START, wait_for_final
 from tasks.streams.redis_keys import RedisKeys
 
 logger = logging.getLogger(__name__)
-ERROR_STATUS = {"invalid_request_error": 400, "service_unavailable": 503}  # else 500
 ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-"}
 
 
@@ -187,7 +186,7 @@ def wait_for_finished(record: RequestRecord) -> RequestRecord:
         raise APIError(500, "The result was not recorded.", type="server_error")
     if finished.result.error is not None:
         error = ErrorInfo.from_dict(finished.result.error)
-        status = ERROR_STATUS.get(error.type, 500)
+        status = error_status_code(error.type)
         raise APIError(status, error.message, type=error.type, param=error.param, code=error.code)
     return finished
 
