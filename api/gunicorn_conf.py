@@ -26,7 +26,10 @@ graceful_timeout = 5
 # time the first read too). Gunicorn's 2 s default closed connections that a burst kept the busy event loop from
 # reading in time: the client saw the connection close (or reset, with its request unread) and no answer at all.
 keepalive = 30
-accesslog = "-"  # method, path, status: never the Authorization header
+accesslog = "-"
+# gunicorn's default format without the query string and the referer (both URLs a client may have put a key in, as
+# `?api_key=`): method, path, protocol, status, size, user agent; never the Authorization header
+access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s "%(a)s"'
 # gunicorn's defaults, named: beyond them gunicorn itself answers 414 or 431, in JSON (api/gunicorn_errors.py). No
 # route of ours needs a longer URL, and a long header would be a long key or Last-Event-ID, both bounded.
 limit_request_line = 4094

@@ -196,7 +196,7 @@ def _flower_command(config: Config) -> list[str]:
     if not config.flower_basic_auth:
         raise ValueError("Flower never runs without a password: set FLOWER_BASIC_AUTH (user:password)")
     return [
-        sys.executable, "-m", "celery", "--broker", config.redis_url, "flower",
+        sys.executable, "-m", "scripts.flower", "--broker", config.redis_url, "flower",
         f"--address={config.flower_host}", f"--port={config.flower_port}",
     ]  # fmt: skip
 

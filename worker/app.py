@@ -23,7 +23,7 @@ from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.model_runner import ModelRunner
 from worker.serving.bulk import BulkRuntime, start_bulk
 from worker.serving.generation import GenerationHandler
-from worker.serving.lease import WorkerLease
+from worker.serving.lease import WorkerLease, incarnation_name
 from worker.serving.metrics import EngineCollector, ServingMetrics, worker_stats
 from worker.serving.periodic import PeriodicThread
 from worker.serving.steering_sync import SteeringSync
@@ -51,6 +51,7 @@ _bulk: list[BulkRuntime] = []  # the same, for batch chunks, the batch reaper an
 @worker_init.connect
 def load_model(sender: WorkController, **_: object) -> None:
     configure_logging(config)
+    worker = incarnation_name(sender.hostname)
     runner = ModelRunner(config)
     engine = ContinuousEngine(runner, config)
     engine.start()
@@ -63,29 +64,27 @@ def load_model(sender: WorkController, **_: object) -> None:
         tokenizer=PreTrainedTokenizerFast.from_pretrained(config.model),
         client=client,
         sessions=make_session_factory(make_db_engine(config.database_url)),
-        worker=sender.hostname,
+        worker=worker,
         metrics=metrics,
     )
     lease = WorkerLease(
         client,
         config,
-        sender.hostname,
+        worker,
         is_healthy=engine.is_alive,
-        read_stats=lambda: worker_stats(
-            sender.hostname, config.model_name, runner.quantization.name, engine, metrics.registry
-        ),
+        read_stats=lambda: worker_stats(worker, config.model_name, runner.quantization.name, engine, metrics.registry),
         on_error=metrics.count_error,
     )
     lease.start()
-    steering = SteeringSync(client, config, sender.hostname, engine, runner.saes)
+    steering = SteeringSync(client, config, worker, engine, runner.saes)
     steering.start()
     request_reaper = RequestReaper(handler.sessions, client, config)
     reaper = PeriodicThread("request-reaper", reaper_interval_s(config), request_reaper.reap_once)
     reaper.start()
     _runtime.append(WorkerRuntime(engine, handler, lease, steering, reaper))
-    bulk = start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, sender.hostname, metrics)
+    bulk = start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, worker, metrics)
     _bulk.append(bulk)
-    logger.info("worker ready: model %s, up to %d requests per batch", config.model_name, config.max_num_seqs)
+    logger.info("worker %s ready: %s, up to %d requests per batch", worker, config.model_name, config.max_num_seqs)
 
 
 @worker_shutdown.connect

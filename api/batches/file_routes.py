@@ -16,6 +16,7 @@ from api.gate.auth import current_principal
 from api.gate.body_checks import unsafe_text_reason
 from api.gate.idempotency import check_replay, commit_once, idempotency_key, request_hash
 from api.services import db_session, services
+from tasks.batches.file_content import iter_file_content
 from tasks.batches.file_expiry import is_live, live_files
 from tasks.batches.models import FileRecord
 from tasks.batches.store import new_sortable_id
@@ -127,7 +128,8 @@ def retrieve_file(file_id: str) -> Response:
 @bp.get("/v1/files/<file_id>/content")
 def file_content(file_id: str) -> Response:
     record = find_file(file_id)
-    return Response(record.content, mimetype="application/octet-stream")
+    content = iter_file_content(services().sessions, record.id, record.bytes)
+    return Response(content, mimetype="application/octet-stream", headers={"Content-Length": str(record.bytes)})
 
 
 @bp.delete("/v1/files/<file_id>")

@@ -26,8 +26,8 @@ from api.streaming.sse import resumable_response, sse_response
 from api.structured.grammar import request_grammar
 from api.structured.tools import NO_TOOLS, ToolPlan
 from tasks.celery_app import enqueue_generate
-from tasks.messages.generation import Endpoint, ErrorInfo, GenerateRequest, StreamEvent
-from tasks.reapers.orphans import fail_if_orphaned
+from tasks.messages.generation import Endpoint, ErrorInfo, GenerateRequest, StreamEvent, error_status_code
+from tasks.reapers.orphans import settle_quiet_request
 from tasks.store.finish import cancel_request
 from tasks.store.models import RequestRecord, RequestStatus
 from tasks.store.request_store import create_request, get_request, record_result
@@ -36,7 +36,6 @@ from tasks.streams.events import STREAM_START, wait_for_final
 from tasks.streams.redis_keys import RedisKeys
 
 logger = logging.getLogger(__name__)
-ERROR_STATUS = {"invalid_request_error": 400, "service_unavailable": 503}  # else 500
 ID_PREFIX = {Endpoint.CHAT: "chatcmpl-", Endpoint.COMPLETIONS: "cmpl-"}
 
 
@@ -142,7 +141,7 @@ def request_frames(record: RequestRecord, after_id: str, on_timeout: Callable[[]
         heartbeat_s=svc.config.sse_heartbeat_s,
         timeout_s=svc.config.request_timeout_s,
         on_timeout=on_timeout,
-        on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id),
+        on_idle=lambda: settle_quiet_request(svc.sessions, svc.redis, svc.config, record.id),
     )
 
 
@@ -187,7 +186,7 @@ def wait_for_finished(record: RequestRecord) -> RequestRecord:
         raise APIError(500, "The result was not recorded.", type="server_error")
     if finished.result.error is not None:
         error = ErrorInfo.from_dict(finished.result.error)
-        status = ERROR_STATUS.get(error.type, 500)
+        status = error_status_code(error.type)
         raise APIError(status, error.message, type=error.type, param=error.param, code=error.code)
     return finished
 
@@ -195,8 +194,8 @@ def wait_for_finished(record: RequestRecord) -> RequestRecord:
 def _wait_for_final(record: RequestRecord, attachment: StreamAttachment) -> StreamEvent | None:
     svc = services()
 
-    def check_worker() -> None:
-        fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.id)
+    def check_request() -> None:
+        settle_quiet_request(svc.sessions, svc.redis, svc.config, record.id)
 
     def check_client() -> None:
         attachment.renew_if_due()
@@ -209,6 +208,6 @@ def _wait_for_final(record: RequestRecord, attachment: StreamAttachment) -> Stre
         RedisKeys(svc.config.redis_prefix).request_stream(record.id),
         idle_s=svc.config.sse_heartbeat_s,
         timeout_s=svc.config.request_timeout_s,
-        on_idle=check_worker,
+        on_idle=check_request,
         on_tick=check_client,
     )

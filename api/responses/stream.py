@@ -20,7 +20,7 @@ from api.responses.events import ResponseEvents
 from api.services import services
 from api.streaming.sse import sse_frame
 from tasks.messages.generation import ErrorInfo
-from tasks.reapers.orphans import fail_if_orphaned
+from tasks.reapers.orphans import settle_quiet_request
 from tasks.store.response_models import ResponseRecord
 from tasks.streams.events import STREAM_START, DeadlinePassed, follow_events
 from tasks.streams.redis_keys import RedisKeys
@@ -71,7 +71,7 @@ def response_frames(
             STREAM_START,
             idle_s=svc.config.sse_heartbeat_s,
             timeout_s=svc.config.request_timeout_s,
-            on_idle=lambda: fail_if_orphaned(svc.sessions, svc.redis, svc.config, record.request_id),
+            on_idle=lambda: settle_quiet_request(svc.sessions, svc.redis, svc.config, record.request_id),
         ):
             if item is None:
                 yield ": keep-alive\n\n"

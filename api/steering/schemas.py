@@ -8,7 +8,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks.messages.steering import MonitorPositions, MonitorSpec, SteeringFeature, SteeringSpec, SteeringVector
+from tasks.messages.steering import (
+    MonitorPositions,
+    MonitorSpec,
+    SteeringFeature,
+    SteeringSpec,
+    SteeringVector,
+    vector_path_problem,
+)
 
 MAX_STEERING_FEATURES = 64
 MAX_STEERING_VECTORS = 16
@@ -36,6 +43,14 @@ class SteeringVectorBody(_Strict):
         None, min_length=1, max_length=MAX_VECTOR_VALUES
     )
     path: str | None = Field(None, min_length=1, max_length=MAX_SAE_ID_LENGTH)
+
+    @field_validator("path")
+    @classmethod
+    def _inside_the_vector_root(cls, path: str | None) -> str | None:
+        problem = None if path is None else vector_path_problem(path)
+        if problem is not None:
+            raise ValueError(f"steering vector path {path!r} {problem}")
+        return path
 
     @model_validator(mode="after")
     def _one_source(self) -> SteeringVectorBody:

@@ -42,12 +42,24 @@ def check_json_schema(tokenizer: PreTrainedTokenizerFast, schema: dict[str, Any]
 
 def _check(tokenizer: PreTrainedTokenizerFast, param: str, build: Any) -> None:
     try:
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(build(), _ll_tokenizer(tokenizer))
+        grammar = build()
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, _ll_tokenizer(tokenizer))
         error = messages[0] if is_error else ""
     except ValueError as exc:  # a grammar that does not even convert (an undefined GBNF rule)
         error = str(exc)
     if error:
         raise APIError(400, f"{param} does not compile: {error.strip()}", param=param, code="invalid_grammar")
+    if not _can_start(tokenizer, grammar):
+        message = f"{param} can never be matched: no text satisfies it"
+        raise APIError(400, message, param=param, code="invalid_grammar")
+
+
+def _can_start(tokenizer: PreTrainedTokenizerFast, grammar: str) -> bool:
+    """False when not even a first token can be written: the grammar compiles but matches nothing (a `$ref` or rule
+    that refers only to itself, a class like `[^\\s\\S]`). The engine would mask every token of its row."""
+    matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer), grammar)
+    matcher.compute_bitmask()  # sets the matcher's error when no token extends the text
+    return not matcher.is_error()
 
 
 def _ll_tokenizer(tokenizer: PreTrainedTokenizerFast) -> llguidance.LLTokenizer:

@@ -7,7 +7,7 @@ from typing import Any
 
 from tasks.batches.models import BatchLine, LineStatus
 from tasks.messages.completions import completion_body
-from tasks.messages.generation import ChoiceResult, Endpoint, Usage
+from tasks.messages.generation import ChoiceResult, Endpoint, Usage, error_status_code
 
 STOPPED_ERRORS = {
     LineStatus.CANCELLED: {"code": "batch_cancelled", "message": "The batch was cancelled before this request ran."},
@@ -54,7 +54,8 @@ def error_line(line: BatchLine) -> dict[str, Any]:
     error = line.error or {}
     if line.request is None:  # refused by validation: never ran, so there is no response
         return {"id": _line_id(line), "custom_id": line.custom_id, "response": None, "error": error}
-    response = {"status_code": 500, "request_id": line.request_id, "body": {"error": error}}
+    status_code = error_status_code(error.get("type"))  # a request the worker refused is the client's to fix
+    response = {"status_code": status_code, "request_id": line.request_id, "body": {"error": error}}
     return {"id": _line_id(line), "custom_id": line.custom_id, "response": response, "error": None}
 
 

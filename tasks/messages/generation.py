@@ -249,6 +249,14 @@ class Usage:
         return cls(int(data["prompt_tokens"]), int(data["completion_tokens"]), details)
 
 
+# OpenAI's error type -> the HTTP status of a response carrying it (a non-streamed reply, a batch line's response)
+ERROR_STATUS = {"invalid_request_error": 400, "service_unavailable": 503}
+
+
+def error_status_code(error_type: str | None) -> int:
+    return ERROR_STATUS.get(error_type or "", 500)
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     """An error in OpenAI's shape, as stored and streamed."""

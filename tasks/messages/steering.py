@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from enum import Enum
+from pathlib import PurePosixPath
 from typing import Any
 
 
@@ -40,6 +41,21 @@ class SteeringFeature:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SteeringFeature:
         return cls(int(data["index"]), float(data["strength"]))
+
+
+VECTOR_FILE_SUFFIX = ".safetensors"
+
+
+def vector_path_problem(path: str) -> str | None:
+    """Why `path` cannot name a vector file under the worker's vector root (None if it can): absolute, climbing out
+    with `..`, backslashes or NUL, or not a safetensors file. The api refuses such a path with a 400 before queueing;
+    whether the file exists only a worker can tell."""
+    relative = PurePosixPath(path)
+    if not path or "\\" in path or "\0" in path or relative.is_absolute() or ".." in relative.parts:
+        return "must be a relative path inside the vector root"
+    if relative.suffix != VECTOR_FILE_SUFFIX:
+        return f"must name a {VECTOR_FILE_SUFFIX} file"
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Requests whose worker died: whoever waits on one notices the lapsed lease and records its one error."""
+"""Requests whose worker died: whoever waits on one notices the lapsed lease and records its one error; and requests
+finished in SQL whose final stream event was lost: whoever waits on one writes it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import redis
 from tasks.config import Config
 from tasks.messages.generation import ErrorInfo
 from tasks.store.db import SessionFactory
-from tasks.store.finish import finish_request
+from tasks.store.finish import end_stream_if_finished, finish_request
 from tasks.store.models import RequestStatus
 from tasks.store.request_store import get_request
 from tasks.streams.cancel_flags import request_cancel
@@ -31,3 +32,14 @@ def fail_if_orphaned(sessions: SessionFactory, client: redis.Redis, config: Conf
         logger.warning("worker %s stopped renewing its lease; failing %s", record.worker, request_id)
         request_cancel(client, config, request_id)  # if the worker was only slow, it stops now
         return finish_request(session, client, config, request_id, error=WORKER_LOST)
+
+
+def settle_quiet_request(sessions: SessionFactory, client: redis.Redis, config: Config, request_id: str) -> None:
+    """What a reader does when a request's stream goes quiet: a request finished in SQL gets the final event its
+    stream lacks (a Redis crash took the worker's XADD), and one whose worker died fails."""
+    with sessions() as session:
+        record = get_request(session, request_id)
+        if record is not None and record.is_finished:
+            end_stream_if_finished(session, client, config, request_id)
+            return
+    fail_if_orphaned(sessions, client, config, request_id)

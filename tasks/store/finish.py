@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tasks.config import Config
 from tasks.messages.generation import ErrorInfo, EventType, FinishReason, StreamEvent, Usage, UsageDetails
-from tasks.store.models import RequestRecord
+from tasks.store.models import RequestRecord, ResultRecord
 from tasks.store.request_store import cancel_if_queued, record_result
 from tasks.streams.cancel_flags import request_cancel
-from tasks.streams.events import append_event
+from tasks.streams.events import append_final_once
 
 # A result the database refused to store (a value its columns cannot hold): the request or batch line still ends once.
 RESULT_NOT_RECORDED = ErrorInfo("The result could not be recorded.", "server_error", code="result_not_recorded")
@@ -38,7 +39,8 @@ def finish_request(
     """True if this call ended the request; False, streaming nothing, if another writer already had.
 
     SQL first, so whoever sees the final event can read the result; only the writer of the one result streams
-    the final event, so a stream never carries two."""
+    the final event, and only onto a stream that does not already end in one (a reader may have written it from
+    the result, tasks/reapers/orphans.py), so a stream never carries two."""
     recorded = record_result(
         session,
         request_id,
@@ -54,13 +56,31 @@ def finish_request(
         usage_details=usage_details.to_dict() if usage_details else None,
     )
     if recorded:
-        prompt_tokens = session.get(RequestRecord, request_id).prompt_tokens  # type: ignore[union-attr]
-        usage = Usage(prompt_tokens, completion_tokens, usage_details or UsageDetails())
-        final = StreamEvent(
-            EventType.FINAL, finish_reason=finish_reason, usage=usage, error=error, steering=steering, monitor=monitor
-        )
-        append_event(client, config, request_id, final)
+        append_final_once(client, config, request_id, final_event(session, request_id))
     return recorded
+
+
+def end_stream_if_finished(session: Session, client: redis.Redis, config: Config, request_id: str) -> bool:
+    """Gives a request finished in SQL the final stream event it lacks (the XADD after its result was lost, as when
+    Redis crashed between the two), so its readers end; True if this call wrote it."""
+    if session.get(ResultRecord, request_id) is None:
+        return False
+    return append_final_once(client, config, request_id, final_event(session, request_id)) is not None
+
+
+def final_event(session: Session, request_id: str) -> StreamEvent:
+    """The FINAL stream event of a request whose result is stored: what that result says."""
+    result = session.get(ResultRecord, request_id)
+    prompt_tokens = session.scalar(select(RequestRecord.prompt_tokens).where(RequestRecord.id == request_id))
+    assert result is not None and prompt_tokens is not None
+    return StreamEvent(
+        EventType.FINAL,
+        finish_reason=FinishReason(result.finish_reason) if result.finish_reason else None,
+        usage=Usage(prompt_tokens, result.completion_tokens, UsageDetails.from_dict(result.usage_details)),
+        error=ErrorInfo.from_dict(result.error) if result.error else None,
+        steering=result.steering,
+        monitor=result.monitor,
+    )
 
 
 def cancel_request(session: Session, client: redis.Redis, config: Config, request_id: str) -> None:

@@ -47,6 +47,30 @@ def append_json_to_streams(client: redis.Redis, config: Config, entries: list[tu
     return [str(entry_id) for entry_id in pipe.execute()[: len(entries)]]
 
 
+# XADD the final event unless the stream already ends in one: atomic in Redis, so a worker finishing a request and
+# an api closing the stream of a request already finished in SQL (its worker's XADD lost to a Redis crash) never
+# write two. KEYS[1]: the stream; ARGV: the event's JSON, its type, MAXLEN, the stream's TTL in seconds.
+APPEND_FINAL_ONCE = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+if last and last[2][1] == 'event' and cjson.decode(last[2][2])['type'] == ARGV[2] then return false end
+local entry_id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return entry_id
+"""
+
+
+def append_final_once(client: redis.Redis, config: Config, request_id: str, event: StreamEvent) -> str | None:
+    """The request's final event, unless its stream already ends in one; its entry id, or None."""
+    key = RedisKeys(config.redis_prefix).request_stream(request_id)
+    args = (json.dumps(event.to_dict()), EventType.FINAL.value, config.stream_maxlen, config.stream_ttl_s)
+    entry_id = client.eval(APPEND_FINAL_ONCE, 1, key, *args)
+    return None if entry_id is None else _text(entry_id)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def read_events(read: JsonReader, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, StreamEvent] | None]:
     """Entries after `after_id` as they arrive, for ever; None each time `block_ms` passes with none."""
     for item in read(key, after_id, block_ms):

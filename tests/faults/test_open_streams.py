@@ -8,6 +8,8 @@ through a whole stack."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import logging
 import os
 import subprocess
 import sys
@@ -26,18 +28,22 @@ from tasks.config import REPO_ROOT, Config
 from tasks.store.db import upgrade_to_head
 from tasks.streams.worker_leases import renew_worker_lease
 from tests.conftest import make_test_config
+from tests.faults.redis_server import RestartableRedis
 
+logger = logging.getLogger(__name__)
 BODY = {"model": "tiny", "prompt": "the cat", "max_tokens": 4, "stream": True}
 
 
 @pytest.fixture
-def api(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[Config]:
+def api(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Config]:
+    server = RestartableRedis(tmp_path, append_only=False)  # its own: a session ending beside this one flushes its DB
+    server.start()
     database_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade_to_head(database_url)
     config = make_test_config(
-        tiny_model_dir, redis_url, database_url, api_connections=2048, worker_lease_s=120.0, sse_heartbeat_s=15.0
+        tiny_model_dir, server.url, database_url, api_connections=2048, worker_lease_s=120.0, sse_heartbeat_s=15.0
     )
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(server.url)
     renew_worker_lease(client, config, "busy-worker")  # alive, and never takes a request
     command = [sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "api.app:create_app()"]
     env = {**os.environ, **config.to_env()}
@@ -51,9 +57,7 @@ def api(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[Config
     finally:
         process.terminate()
         process.wait(30)
-        client.delete(config.interactive_queue_of(config.model_name))
-        for key in client.scan_iter(f"{config.redis_prefix}*"):
-            client.delete(key)
+        server.kill()
 
 
 def _answers(config: Config) -> bool:
@@ -104,7 +108,7 @@ async def probe(client: httpx.AsyncClient, num_health: int) -> Probes:
         return Probes(health_s, time.perf_counter() - started, response.status_code)
 
 
-async def hold_streams_and_probe(base_url: str, num_streams: int) -> tuple[int, Probes, Probes]:
+async def hold_streams_and_probe(base_url: str, num_streams: int) -> tuple[list[int], Probes, Probes]:
     """Opens the streams at once, probing while they open (the burst) and once all are open (holding)."""
     limits = httpx.Limits(max_connections=num_streams + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
@@ -114,17 +118,19 @@ async def hold_streams_and_probe(base_url: str, num_streams: int) -> tuple[int, 
         await asyncio.sleep(0.2)  # the burst is under way
         during_burst = await probe(client, 10)
         streams = await opening
-        opened = sum(stream.response.status_code == 200 for stream in streams)
+        statuses = collections.Counter(stream.response.status_code for stream in streams)
+        assert statuses == {200: num_streams}, f"streams never admitted: {statuses}"
+        refusals = [stream.num_refusals for stream in streams]
         holding = await probe(client, 30)
         for stream in streams:
             await stream.context.__aexit__(None, None, None)
-        return opened, during_burst, holding
+        return refusals, during_burst, holding
 
 
 @pytest.mark.parametrize("num_streams", [256, pytest.param(1000, marks=pytest.mark.slow)])
 def test_open_streams_leave_health_and_admission_quick(api: Config, num_streams: int) -> None:
-    opened, during_burst, holding = asyncio.run(hold_streams_and_probe(f"http://{api.host}:{api.port}", num_streams))
-    assert opened == num_streams
+    refusals, during_burst, holding = asyncio.run(hold_streams_and_probe(f"http://{api.host}:{api.port}", num_streams))
+    logger.info("%d streams at once: 429s per stream %s", num_streams, dict(collections.Counter(refusals)))
     # Bounds a frozen api misses by seconds (a thread per stream left /health waiting 20 s; a burst admitted all at
     # once, before the admission gate, held a new request 12.5 s and /health over 10 s), loose enough for a shared
     # 2-core machine that other work keeps busy. During the burst this client's own event loop is busy opening the

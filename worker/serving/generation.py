@@ -21,6 +21,7 @@ from tasks.messages.generation import (
     UsageDetails,
 )
 from tasks.messages.steering import SteeringSource, SteeringSpec
+from tasks.reapers.orphans import fail_if_orphaned
 from tasks.steering_store import default_steering
 from tasks.store.finish import RESULT_NOT_RECORDED, finish_request
 from tasks.store.models import TERMINAL_STATUSES, RequestStatus
@@ -92,9 +93,9 @@ class GenerationHandler(TaskRunner):
             logger.info("request %s already finished; skipping the redelivery", request.request_id)
             return False
         if previous == RequestStatus.RUNNING:
-            # A worker took it and died: rerunning could repeat text a client has already seen.
-            error = ErrorInfo("The worker running this request stopped mid-generation.", "server_error")
-            self._finish(request, Outcome.ended(None, error))
+            # Another worker took it: rerunning could repeat text a client has already seen. If that worker died,
+            # the request ends as the reapers end it; if it lives, it is still running there.
+            fail_if_orphaned(self.sessions, self.redis, self.config, request.request_id)
             return False
         return True
 

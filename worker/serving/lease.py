@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 
 import redis
@@ -15,6 +16,13 @@ from tasks.streams.worker_stats import WorkerStats, publish_worker_stats
 
 logger = logging.getLogger(__name__)
 RENEWALS_PER_LEASE = 3  # a lease survives two missed renewals
+
+
+def incarnation_name(hostname: str) -> str:
+    """This worker process's name for claims and leases: its Celery hostname and a token drawn at start. A supervisor
+    restarts a dead worker under the same hostname; with its own token, the new process never renews the dead one's
+    lease, so the reapers see that lease lapse and fail the requests the dead one had claimed."""
+    return f"{hostname}/{uuid.uuid4().hex[:8]}"
 
 
 class WorkerLease:

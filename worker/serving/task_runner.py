@@ -30,5 +30,5 @@ class TaskRunner:
         self.tokenizer = tokenizer
         self.redis = client
         self.sessions = sessions
-        self.worker = worker  # the Celery node name, which claims requests and holds leases
+        self.worker = worker  # this worker process: its Celery node name and start token, which claim and hold leases
         self.metrics = metrics

@@ -59,6 +59,20 @@ def test_batch_lines_take_steering_and_monitors_validated_like_requests(
     assert errors[4]["param"] == "steering.features.0.index"
 
 
+@pytest.mark.parametrize("path", ["/etc/passwd", "../vectors/x.safetensors", "x.pt"])
+def test_a_vector_path_outside_the_vector_root_is_refused_with_its_param(
+    api: tuple[Config, FlaskClient, redis.Redis], path: str
+) -> None:
+    config, client, _ = api
+    steering = {"vectors": [{"layer": 0, "path": "ok.safetensors"}, {"layer": 1, "path": path}]}
+    reply = client.post("/v1/completions", json={"model": config.model_name, "prompt": "hi", "steering": steering})
+    error = reply.get_json()["error"]
+    assert reply.status_code == 400 and error["param"] == "steering.vectors.1.path", error
+    batch = create_batch(client, [chat_line("line", config.model_name, steering=steering)])
+    [line_error] = batch["errors"]["data"]
+    assert line_error["param"] == "steering.vectors.1.path", line_error
+
+
 def test_the_profile_is_validated_and_cleared(api: tuple[Config, FlaskClient, redis.Redis]) -> None:
     config, client, redis_client = api
     publish_saes(redis_client, config, [SAE])

@@ -24,6 +24,10 @@ WEATHER = {
     },
 }
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+# Grammars that compile but match no text: the engine would mask every token of the row.
+SELF_REF = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+MUTUAL_REF = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+LOOPING_TOOL = {"type": "function", "function": {"name": "loop", "parameters": SELF_REF}}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +78,13 @@ CASES = [
     (CHAT, lambda m: chat(m, functions=[WEATHER["function"]], function_call={"name": "nope"}), "function_call"),
     (CHAT, lambda m: chat(m, functions=[WEATHER["function"]], tools=[WEATHER]), "functions"),
     (CHAT, lambda m: chat(m, messages=[{"role": "tool", "content": "sunny"}]), "messages.0"),
+    (CHAT, lambda m: chat(m, response_format=json_schema(SELF_REF)), "response_format.json_schema.schema"),
+    (CHAT, lambda m: chat(m, guided_json=MUTUAL_REF), "guided_json"),
+    (CHAT, lambda m: chat(m, guided_regex="[^\\s\\S]"), "guided_regex"),
+    (CHAT, lambda m: chat(m, guided_grammar='root ::= a\na ::= a "x"'), "guided_grammar"),
+    (CHAT, lambda m: chat(m, tools=[LOOPING_TOOL], tool_choice="required"), "tools.0.function.parameters"),
     (COMPLETIONS, lambda m: {"model": m, "prompt": "hi", "guided_regex": "[a-"}, "guided_regex"),
+    (COMPLETIONS, lambda m: {"model": m, "prompt": "hi", "guided_json": SELF_REF}, "guided_json"),
     (COMPLETIONS, lambda m: {"model": m, "prompt": "hi", "response_format": {"type": "json_object"}},
      "response_format"),
 ]  # fmt: skip
@@ -140,6 +150,8 @@ HISTORY = [
         {"messages": GOOD_MESSAGES, "functions": [WEATHER["function"]], "function_call": {"name": "get_weather"}},
         {"messages": GOOD_MESSAGES, "structured_outputs": {"grammar": 'root ::= "yes" | "no"'}},
         {"messages": GOOD_MESSAGES, "guided_json": {"type": "string", "format": "email"}},
+        {"messages": GOOD_MESSAGES, "guided_json": {"type": "object", "properties": {"child": {"$ref": "#"}}}},
+        {"messages": GOOD_MESSAGES, "guided_regex": ""},
     ],
 )
 def test_good_constraints_pass_validation(tiny_model_dir: Path, body: dict) -> None:

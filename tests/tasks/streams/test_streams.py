@@ -16,6 +16,7 @@ from tasks.messages.generation import Endpoint, EventType, FinishReason, StreamE
 from tasks.streams.events import (
     STREAM_START,
     append_event,
+    append_final_once,
     append_json_many,
     append_json_to_streams,
     read_events,
@@ -27,6 +28,19 @@ from tasks.streams.redis_keys import RedisKeys
 
 def make_config(redis_url: str) -> Config:
     return Config(redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:", stream_maxlen=100, stream_ttl_s=60)
+
+
+def test_a_final_event_is_appended_once_whoever_writes_it(redis_url: str) -> None:
+    config = make_config(redis_url)
+    client = redis.Redis.from_url(redis_url)  # bytes replies, as the worker's client has
+    final = StreamEvent(EventType.FINAL, finish_reason=FinishReason.STOP)
+    assert append_final_once(client, config, "r1", final) is not None  # a stream Redis lost: it starts with it
+    append_event(client, config, "r2", StreamEvent(EventType.DELTA, text="a"))
+    first = append_final_once(client, config, "r2", final)
+    assert first is not None and append_final_once(client, config, "r2", final) is None
+    key = RedisKeys(config.redis_prefix).request_stream("r2")
+    assert [entry_id.decode() for entry_id, _ in client.xrange(key)][-1] == first and client.xlen(key) == 2
+    assert 0 < client.ttl(key) <= 60
 
 
 def test_events_read_back_in_order_and_resume_after_an_id(redis_url: str) -> None:

@@ -4,14 +4,19 @@ field, and a time limit."""
 from __future__ import annotations
 
 import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import xgrammar as xgr
 
 from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar, ToolFunction
 from worker.engine.grammar.compiler import GrammarCompiler, GrammarError
 
+logger = logging.getLogger(__name__)
 EOT_ID = 4  # models/tiny: <|eot_id|>
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
@@ -64,6 +69,20 @@ def test_a_spec_compiles_once_and_a_failure_is_remembered(tiny_model_dir: Path) 
     assert grammars.num_compiles == 2
 
 
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        (GrammarKind.JSON_SCHEMA, json.dumps({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})),
+        (GrammarKind.REGEX, "[^\\s\\S]"),
+        (GrammarKind.GRAMMAR, 'root ::= a\na ::= a "x"'),
+    ],
+)
+def test_a_grammar_matching_no_text_is_the_request_error(tiny_model_dir: Path, kind: GrammarKind, value: str) -> None:
+    with pytest.raises(GrammarError, match="p can never be matched") as error:
+        compiler(tiny_model_dir).compile(GrammarSpec(kind, value, "p"))
+    assert error.value.param == "p"
+
+
 def test_a_compile_past_the_time_limit_is_the_request_error(tiny_model_dir: Path) -> None:
     properties = {f"p{i}": {"type": "string", "pattern": "[a-z]{3,9}@[a-z]{2,8}\\.(com|org)"} for i in range(200)}
     slow = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps({"type": "object", "properties": properties}), "guided_json")
@@ -71,4 +90,42 @@ def test_a_compile_past_the_time_limit_is_the_request_error(tiny_model_dir: Path
     with pytest.raises(GrammarError, match=r"did not compile within 0\.001s") as error:
         grammars.compile(slow)
     assert error.value.param == "guided_json"
+    grammars.close()
+
+
+def cpu_seconds_of_this_process_and_its_children() -> float:
+    processes = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:  # a compile process killed meanwhile
+            continue
+        total += times.user + times.system
+    return total
+
+
+def test_a_compile_past_the_time_limit_stops_using_the_cpu(tiny_model_dir: Path) -> None:
+    """A flood of slow grammars (each 20,000 choices: about 8 s of compile here) is refused at the time limit, and
+    the compiles stop then: queued ones never start, running ones are killed."""
+    compiler(tiny_model_dir).compile(GrammarSpec(GrammarKind.REGEX, "a", "p"))  # the forkserver has loaded xgrammar
+    grammars = compiler(tiny_model_dir, timeout_s=1.0)
+    flood = [
+        GrammarSpec(GrammarKind.CHOICE, json.dumps([f"item {n} number {i}" for i in range(20_000)]), "guided_choice")
+        for n in range(4)
+    ]
+
+    def refusal(spec: GrammarSpec) -> str:
+        with pytest.raises(GrammarError, match="did not compile within 1s") as error:
+            grammars.compile(spec)
+        return error.value.param
+
+    with ThreadPoolExecutor(len(flood)) as requests:
+        assert list(requests.map(refusal, flood)) == ["guided_choice"] * len(flood)
+    time.sleep(1.0)  # a killed compile's process is gone well within this
+    before = cpu_seconds_of_this_process_and_its_children()
+    time.sleep(2.0)
+    busy_s = cpu_seconds_of_this_process_and_its_children() - before
+    logger.info("grammar flood: %.2f s of CPU in the 2 s after %d refusals", busy_s, len(flood))
+    assert busy_s < 0.5, f"{busy_s:.1f} s of CPU in 2 s after every request was refused"
     grammars.close()

@@ -21,6 +21,7 @@ from tasks.store.models import RequestRecord, RequestStatus
 from tasks.store.request_store import claim_request, create_request, get_request
 from tasks.streams.cancel_flags import request_cancel
 from tasks.streams.redis_keys import RedisKeys
+from tasks.streams.worker_leases import renew_worker_lease
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.model_runner import ModelRunner
 from worker.serving.generation import GenerationHandler
@@ -125,8 +126,20 @@ def test_redelivery_after_a_worker_died_mid_stream_ends_in_one_error(handler: Ge
     handler.handle(request)
     events = stream_events(handler, request.request_id)
     assert [e.type for e in events] == [EventType.START, EventType.FINAL]
-    assert events[-1].error is not None
+    assert events[-1].error is not None and events[-1].error.code == "worker_lost"
     assert stored(handler, request.request_id).status == "failed"
+    handler.handle(request)  # redelivered again: the failed request stays as it ended
+    assert stream_events(handler, request.request_id) == events
+
+
+def test_redelivery_of_a_request_a_live_worker_runs_leaves_it_running(handler: GenerationHandler) -> None:
+    request = accept(handler, "the owl")
+    with handler.sessions() as session:
+        claim_request(session, request.request_id, "live-worker")
+    renew_worker_lease(handler.redis, handler.config, "live-worker")
+    handler.handle(request)
+    assert stream_events(handler, request.request_id) == []
+    assert stored(handler, request.request_id).status == "running"
 
 
 def test_cancel_before_start_aborts_without_running(handler: GenerationHandler) -> None:

@@ -1,5 +1,7 @@
 """Grammars compiled off the engine thread, each at most once: a cache of compilations by spec hash (a hit runs no
-compile, a failure is remembered too), a time limit on waiting for one, and the tokenizer read once."""
+compile, a failure is remembered too), a time limit on waiting for one, and the tokenizer read once. Each compile
+thread compiles in a process of its own (compile_process.py), killed when a compile's waiters give up on it, so a
+refused grammar stops costing CPU at once."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from transformers import PreTrainedTokenizerFast
 
 from tasks.messages.grammar import GrammarSpec
+from worker.engine.grammar.compile_process import CompileKilled, CompileProcess
 
 if TYPE_CHECKING:  # xgrammar loads with the first grammar: a worker (or the GPU check) without one never needs it
     import xgrammar as xgr
@@ -29,6 +33,16 @@ class GrammarError(Exception):
         self.param = param
 
 
+@dataclass
+class Compilation:
+    """One spec's compile: its future, and the process running it once one does."""
+
+    spec: GrammarSpec
+    future: Future[xgr.CompiledGrammar] = field(default_factory=Future)
+    process: CompileProcess | None = None
+    is_abandoned: bool = False  # its waiters gave up: it must not start, or it is killed
+
+
 class GrammarCompiler:
     """`compile` may be called from any thread but the engine's: it blocks until the grammar is compiled."""
 
@@ -40,21 +54,23 @@ class GrammarCompiler:
         self._stop_token_ids = sorted(stop_token_ids)
         self._timeout_s = timeout_s
         self._cache_size = cache_size
-        self._compilations: OrderedDict[str, Future[xgr.CompiledGrammar]] = OrderedDict()
+        self._compilations: OrderedDict[str, Compilation] = OrderedDict()
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(NUM_COMPILE_THREADS, thread_name_prefix="grammar-compile")
-        self._compiler: xgr.GrammarCompiler | None = None  # built with the first grammar
+        self._tokenizer_info: xgr.TokenizerInfo | None = None  # built with the first grammar
+        self._processes: dict[str, CompileProcess] = {}  # by compile thread's name: at most one each
         self.num_compiles = 0
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
-        """Raises GrammarError (with the spec's param) for a grammar that fails or outlasts the time limit; an
-        abandoned compile finishes in its thread, and a later request for the same spec waits on it."""
+        """Raises GrammarError (with the spec's param) for a grammar that fails, matches no text or outlasts the time
+        limit; a compile that outlasts it is stopped (its waiters all get the error), and a later request for the
+        same spec compiles it again."""
         compilation = self._compilation(spec)
         try:
-            return compilation.result(timeout=self._timeout_s)
+            return compilation.future.result(timeout=self._timeout_s)
         except FutureTimeout:
-            message = f"{spec.param}: the grammar did not compile within {self._timeout_s:g}s; simplify it"
-            raise GrammarError(message, spec.param) from None
+            self._abandon(compilation)
+            raise self._timed_out(spec) from None
         except (RuntimeError, ValueError) as exc:
             reason = XGRAMMAR_LOG_PREFIX.sub("", str(exc).strip())
             raise GrammarError(f"{spec.param} does not compile: {reason}", spec.param) from exc
@@ -70,35 +86,84 @@ class GrammarCompiler:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            processes = list(self._processes.values())
+        for process in processes:
+            process.kill()
 
-    def _compilation(self, spec: GrammarSpec) -> Future[xgr.CompiledGrammar]:
+    def _timed_out(self, spec: GrammarSpec) -> GrammarError:
+        message = f"{spec.param}: the grammar did not compile within {self._timeout_s:g}s; simplify it"
+        return GrammarError(message, spec.param)
+
+    def _abandon(self, compilation: Compilation) -> None:
+        """Nobody waits on this compile any more: it leaves the cache (a later request compiles it again, perhaps on
+        a quieter worker), and stops, queued or running."""
+        with self._lock:
+            if self._compilations.get(compilation.spec.key) is compilation:
+                del self._compilations[compilation.spec.key]
+            compilation.is_abandoned = True
+            process = compilation.process
+        if process is not None:
+            process.kill()
+
+    def _compilation(self, spec: GrammarSpec) -> Compilation:
         with self._lock:
             compilation = self._compilations.get(spec.key)
             if compilation is not None:
                 self._compilations.move_to_end(spec.key)
                 return compilation
-            compilation = self._executor.submit(self._compile, spec)
+            compilation = Compilation(spec)
             self._compilations[spec.key] = compilation
             if len(self._compilations) > self._cache_size:
                 self._compilations.popitem(last=False)
             self.num_compiles += 1
-            return compilation
+        self._executor.submit(self._run, compilation)
+        return compilation
 
-    def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+    def _run(self, compilation: Compilation) -> None:
+        """On a compile thread: the compilation's result or error into its future."""
+        try:
+            compilation.future.set_result(self._compile(compilation))
+        except Exception as exc:
+            compilation.future.set_exception(exc)
+
+    def _compile(self, compilation: Compilation) -> xgr.CompiledGrammar:
+        import xgrammar as xgr
+
+        from worker.engine.grammar.sources import can_start
+
+        spec = compilation.spec
+        process = self._process()
         with self._lock:
-            if self._compiler is None:
-                self._compiler = self._new_compiler()
-            compiler = self._compiler
-        from worker.engine.grammar.sources import compile_spec  # imports xgrammar
+            if compilation.is_abandoned:
+                raise self._timed_out(spec)
+            compilation.process = process
+        try:
+            compiled_json = process.compile(spec)
+        except CompileKilled:
+            raise self._timed_out(spec) from None
+        compiled = xgr.CompiledGrammar.deserialize_json(compiled_json, self._tokenizer_info)
+        if not can_start(compiled):
+            raise GrammarError(f"{spec.param} can never be matched: no text satisfies it", spec.param)
+        return compiled
 
-        return compile_spec(compiler, spec)
+    def _process(self) -> CompileProcess:
+        """This compile thread's process, started anew when it has none or its last one was killed."""
+        thread = threading.current_thread().name
+        with self._lock:
+            if self._tokenizer_info is None:
+                self._tokenizer_info = self._new_tokenizer_info()
+            process = self._processes.get(thread)
+        if process is None or not process.is_alive():
+            process = CompileProcess(self._tokenizer_info.serialize_json())
+            with self._lock:
+                self._processes[thread] = process
+        return process
 
-    def _new_compiler(self) -> xgr.GrammarCompiler:
+    def _new_tokenizer_info(self) -> xgr.TokenizerInfo:
         import xgrammar as xgr
 
         tokenizer = PreTrainedTokenizerFast.from_pretrained(self._tokenizer_path)
-        info = xgr.TokenizerInfo.from_huggingface(
+        return xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids
         )
-        # xgrammar's own cache is off: ours, by spec hash, already runs each compile once
-        return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)

@@ -35,6 +35,14 @@ def compile_spec(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.Compil
     return compiler.compile_structural_tag(tool_calls_tag(ToolCallGrammar.from_spec(spec)))
 
 
+def can_start(compiled: xgr.CompiledGrammar) -> bool:
+    """False when the grammar allows not even a first token (a `$ref` or rule that refers only to itself, an empty
+    character class): a row under it would have every token masked."""
+    bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+    return bool(bitmask.any())
+
+
 def choice_ebnf(choices: list[str]) -> str:
     """Exactly one of `choices`; JSON string escapes are EBNF's."""
     return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
