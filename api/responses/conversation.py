@@ -46,6 +46,8 @@ def chat_request(body: ResponseCreateRequest, items: list[Any]) -> ChatCompletio
         "tool_choice": _chat_tool_choice(body.tool_choice),
         "parallel_tool_calls": body.parallel_tool_calls,
         "user": body.user,
+        "logprobs": body.wants_logprobs,
+        "top_logprobs": body.top_logprobs if body.wants_logprobs else None,
     }
     return ChatCompletionRequest.model_validate({key: value for key, value in chat.items() if value is not None})
 
@@ -93,6 +95,8 @@ def echoed_params(body: ResponseCreateRequest) -> dict[str, Any]:
         "tool_choice": choice.model_dump() if isinstance(choice, FunctionToolChoice) else (choice or "auto"),
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "user": body.user,
+        "top_logprobs": body.top_logprobs,
+        "max_tool_calls": body.max_tool_calls,
     }
 
 

@@ -37,13 +37,20 @@ def response_status(request: RequestRecord) -> str:
     return "incomplete" if is_cut_short else "completed"
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`logprobs`: chat's content entries (token, logprob, bytes, top_logprobs), the shape Responses gives them."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def message_item(record: ResponseRecord, output_index: int, text: str | None, status: str) -> dict[str, Any]:
+def message_item(
+    record: ResponseRecord,
+    output_index: int,
+    text: str | None,
+    status: str,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """`text` None: the item as it opens, before its content part."""
-    content = [] if text is None else [text_part(text)]
+    content = [] if text is None else [text_part(text, logprobs)]
     item_key = item_id("msg", record.id, output_index)
     return {"id": item_key, "type": "message", "status": status, "role": "assistant", "content": content}
 
@@ -69,7 +76,7 @@ def output_items(record: ResponseRecord, tool_parser: str) -> list[dict[str, Any
     status = response_status(record.request)
     item_status = UNFINISHED_ITEM_STATUS.get(status, "completed")
     if result.finish_reason != FinishReason.TOOL_CALLS.value:
-        return [message_item(record, 0, result.text, item_status)]
+        return [message_item(record, 0, result.text, item_status, result.logprobs)]
     reply = parse_reply(tool_parser, result.text, tool_call_prefix(record))
     items = [message_item(record, 0, reply.content, item_status)] if reply.content else []
     for call in reply.tool_calls:
@@ -107,7 +114,7 @@ def response_object(record: ResponseRecord, tool_parser: str, in_flight_status: 
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": record.instructions,
         "max_output_tokens": params.get("max_output_tokens"),
-        "max_tool_calls": None,
+        "max_tool_calls": params.get("max_tool_calls"),
         "model": request.model,
         "output": [] if is_snapshot else output_items(record, tool_parser),
         "parallel_tool_calls": params.get("parallel_tool_calls", True),
@@ -118,6 +125,7 @@ def response_object(record: ResponseRecord, tool_parser: str, in_flight_status: 
         "text": params.get("text"),
         "tool_choice": params.get("tool_choice"),
         "tools": params.get("tools", []),
+        "top_logprobs": params.get("top_logprobs"),
         "top_p": params.get("top_p"),
         "truncation": "disabled",
         "usage": None if is_snapshot else usage_object(request),

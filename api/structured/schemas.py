@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from api.gate.lenient_fields import ReplayedModel
+
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 MAX_TOOLS = 128
 
@@ -83,13 +85,13 @@ TOOL_CHOICES = ("none", "auto", "required")
 FUNCTION_CALLS = ("none", "auto")
 
 
-class ToolCallFunction(StrictModel):
+class ToolCallFunction(ReplayedModel):
     name: str
     arguments: str  # a JSON text, as the API returned it
 
 
-class ToolCallBody(StrictModel):
-    """A call in an assistant message of the history."""
+class ToolCallBody(ReplayedModel):
+    """A call in an assistant message of the history (as replayed: unknown fields are ignored)."""
 
     id: str
     type: Literal["function"] = "function"
