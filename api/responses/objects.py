@@ -75,12 +75,14 @@ def output_items(record: ResponseRecord, tool_parser: str) -> list[dict[str, Any
         return []
     status = response_status(record.request)
     item_status = UNFINISHED_ITEM_STATUS.get(status, "completed")
-    if result.finish_reason != FinishReason.TOOL_CALLS.value:
+    is_cut = result.finish_reason == FinishReason.LENGTH.value and bool(record.params.get("tools"))
+    reply = parse_reply(tool_parser, result.text, tool_call_prefix(record), is_cut)
+    if not (reply.tool_calls and (is_cut or result.finish_reason == FinishReason.TOOL_CALLS.value)):
         return [message_item(record, 0, result.text, item_status, result.logprobs)]
-    reply = parse_reply(tool_parser, result.text, tool_call_prefix(record))
     items = [message_item(record, 0, reply.content, item_status)] if reply.content else []
-    for call in reply.tool_calls:
-        items.append(function_call_item(record, len(items), call.id, call.name, call.arguments, "completed"))
+    for index, call in enumerate(reply.tool_calls):
+        call_status = "incomplete" if is_cut and index == len(reply.tool_calls) - 1 else "completed"
+        items.append(function_call_item(record, len(items), call.id, call.name, call.arguments, call_status))
     return items
 
 

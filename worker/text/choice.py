@@ -118,14 +118,15 @@ class Choice:
         return self.echo_text, entries if self.wants_logprobs else [], self.prompt_logprobs
 
     def _tool_call_delta(self, text: str, token_ids: list[int], entries: list[dict[str, Any]]) -> ChoiceDelta:
-        """The new text split into content and whole calls; a reply that made calls finishes with "tool_calls"."""
+        """The new text split into content and whole calls; a reply that made calls finishes with "tool_calls", or
+        "length" when max_tokens cut it (a call it cut is sent as far as it got)."""
         stream = self.tool_calls
         assert stream is not None
         content, calls = stream.feed(text)
         if self.finish_reason is not None:
-            tail, tail_calls = stream.flush()
+            tail, tail_calls = stream.flush(is_cut=self.finish_reason == FinishReason.LENGTH)
             content, calls = content + tail, calls + tail_calls
-            if stream.calls and self.finish_reason != FinishReason.ABORT:
+            if stream.calls and self.finish_reason not in (FinishReason.ABORT, FinishReason.LENGTH):
                 self.finish_reason = FinishReason.TOOL_CALLS
         first = len(stream.calls) - len(calls)
         deltas = [entry for offset, call in enumerate(calls) for entry in call.delta_entries(first + offset)]
