@@ -172,6 +172,7 @@ class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(None, ge=0)
     echo: Annotated[bool, NULL_IS_DEFAULT] = False
+    add_special_tokens: bool = True  # vLLM's: a text prompt gets the tokenizer's special tokens (its BOS)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
 

@@ -42,6 +42,7 @@ class PromptShow:
     is_echoed: bool = False
     num_echo_top: int = 0  # alternatives per echoed entry: the request's logprobs
     num_vllm_top: int | None = None  # vLLM's prompt_logprobs; None: not asked for
+    echo_from: int = 0  # the echo leaves out the tokens the tokenizer added before a text prompt
 
 
 @dataclass
@@ -112,9 +113,10 @@ class Choice:
             self.prompt_logprobs = vllm_prompt_logprobs(tokenizer, output.prompt_logprobs, prompt.num_vllm_top)
         if not prompt.is_echoed:
             return "", [], self.prompt_logprobs
-        # decoded as vLLM echoes a token prompt: special tokens (a BOS the tokenizer added) included
-        self.echo_text = visible_text(tokenizer.decode(prompt.token_ids))
+        # decoded with its special tokens, less those the tokenizer added to a text prompt (which the client never sent)
+        self.echo_text = visible_text(tokenizer.decode(prompt.token_ids[prompt.echo_from :]))
         entries = echo_entries(tokenizer, prompt.token_ids, output.prompt_logprobs, prompt.num_echo_top)
+        entries = entries[prompt.echo_from :]
         return self.echo_text, entries if self.wants_logprobs else [], self.prompt_logprobs
 
     def _tool_call_delta(self, text: str, token_ids: list[int], entries: list[dict[str, Any]]) -> ChoiceDelta:
@@ -179,7 +181,9 @@ def start_choice(
     tool_calls = None if parser is None else ToolCallStream(parser, f"{request.request_id}:{index}")
     prompt = None
     if request.echo or request.prompt_logprobs is not None:
-        prompt = PromptShow(prompt_ids, request.echo, sampling.logprobs or 0, request.prompt_logprobs)
+        prompt = PromptShow(
+            prompt_ids, request.echo, sampling.logprobs or 0, request.prompt_logprobs, request.echo_from
+        )
     wants_logprobs = sampling.logprobs is not None
     choice = Choice(index, choice_id, text_stream, wants_logprobs, tool_calls=tool_calls, prompt=prompt)
     engine.submit(engine_request, on_output)
