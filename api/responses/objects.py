@@ -75,9 +75,12 @@ def output_items(record: ResponseRecord, tool_parser: str) -> list[dict[str, Any
         return []
     status = response_status(record.request)
     item_status = UNFINISHED_ITEM_STATUS.get(status, "completed")
-    is_cut = result.finish_reason == FinishReason.LENGTH.value and bool(record.params.get("tools"))
+    has_tools = bool(record.params.get("tools")) or result.finish_reason == FinishReason.TOOL_CALLS.value
+    if not has_tools or result.finish_reason == FinishReason.ABORT.value:
+        return [message_item(record, 0, result.text, item_status, result.logprobs)]
+    is_cut = result.finish_reason == FinishReason.LENGTH.value
     reply = parse_reply(tool_parser, result.text, tool_call_prefix(record), is_cut)
-    if not (reply.tool_calls and (is_cut or result.finish_reason == FinishReason.TOOL_CALLS.value)):
+    if not reply.tool_calls:
         return [message_item(record, 0, result.text, item_status, result.logprobs)]
     items = [message_item(record, 0, reply.content, item_status)] if reply.content else []
     for index, call in enumerate(reply.tool_calls):

@@ -117,6 +117,22 @@ class FunctionToolChoice(StrictModel):
     name: str
 
 
+class AllowedFunction(StrictModel):
+    type: Literal["function"]
+    name: str
+
+
+class AllowedToolsToolChoice(StrictModel):
+    """The tools the model may call, of those offered (all stay shown to it): freely ("auto") or one at least."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[AllowedFunction] = Field(min_length=1, max_length=MAX_TOOLS)
+
+
+ToolChoice = str | FunctionToolChoice | AllowedToolsToolChoice  # a str: one of TOOL_CHOICES
+
+
 class TextFormatText(StrictModel):
     type: Literal["text"]
 
@@ -170,7 +186,7 @@ class ResponseCreateRequest(StrictModel):
     background: Annotated[bool, NULL_IS_DEFAULT] = False
     previous_response_id: str | None = None
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
-    tool_choice: str | FunctionToolChoice | None = None  # one of TOOL_CHOICES, or a function to call
+    tool_choice: ToolChoice | None = None
     text: TextConfig | None = None
     include: list[INCLUDABLE] | None = None  # OUTPUT_TEXT_LOGPROBS adds the text's logprobs; the rest add nothing
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -202,7 +218,7 @@ class ResponseCreateRequest(StrictModel):
 
     @field_validator("tool_choice")
     @classmethod
-    def _check_tool_choice(cls, choice: str | FunctionToolChoice | None) -> str | FunctionToolChoice | None:
+    def _check_tool_choice(cls, choice: ToolChoice | None) -> ToolChoice | None:
         if isinstance(choice, str) and choice not in TOOL_CHOICES:
             raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a named function")
         return choice

@@ -13,7 +13,13 @@ from transformers import PreTrainedTokenizerFast
 from api.chat.schemas import ChatCompletionRequest
 from api.errors import APIError
 from api.structured.grammar_check import check_json_schema
-from api.structured.schemas import FunctionDefinition, FunctionName, NamedToolChoice
+from api.structured.schemas import (
+    AllowedToolsBody,
+    AllowedToolsChoice,
+    FunctionDefinition,
+    FunctionName,
+    NamedToolChoice,
+)
 from tasks.messages.grammar import GrammarSpec, ToolCallGrammar, ToolFunction
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}  # a function given no `parameters` takes none
@@ -45,11 +51,17 @@ def tool_plan(tokenizer: PreTrainedTokenizerFast, chat: ChatCompletionRequest, p
     if choice == "none":
         return NO_TOOLS  # the model is not shown the tools, so it does not try to call them
     template_tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in functions]
+    callable_functions = functions
+    if isinstance(choice, AllowedToolsBody):
+        names = [tool.function.name for tool in choice.tools]
+        callable_functions = [_named(functions, name, f"{choice_param}.allowed_tools.tools") for name in names]
+        choice = choice.mode
     is_auto = choice in (None, "auto")
-    forced = functions if is_auto or choice == "required" else [_named(functions, choice.name, choice_param)]
+    forced = callable_functions if is_auto or choice == "required" else [_named(functions, choice.name, choice_param)]
     is_parallel = not isinstance(choice, FunctionName) and chat.parallel_tool_calls is not False
     choices = tuple(ToolFunction(f.name, f.parameters or NO_ARGUMENTS) for f in forced)
-    calls = ToolCallGrammar(parser, choices, is_parallel, is_triggered=is_auto)
+    is_named = isinstance(choice, FunctionName)
+    calls = ToolCallGrammar(parser, choices, is_parallel, is_triggered=is_auto, is_named=is_named)
     return ToolPlan(template_tools, parser, calls.to_spec(choice_param))
 
 
@@ -64,7 +76,11 @@ def _offered(chat: ChatCompletionRequest) -> tuple[list[FunctionDefinition], Any
     if chat.function_call is not None:
         message = "function_call goes with the legacy functions; tools take tool_choice"
         raise APIError(400, message, param="function_call")
-    choice = chat.tool_choice.function if isinstance(chat.tool_choice, NamedToolChoice) else chat.tool_choice
+    choice: Any = chat.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        choice = choice.function
+    elif isinstance(choice, AllowedToolsChoice):
+        choice = choice.allowed_tools
     return [tool.function for tool in chat.tools or []], choice, "tools"
 
 

@@ -75,10 +75,11 @@ def _choice_object(
 
 
 def _message(choice: dict[str, Any], id_prefix: str, tool_parser: str | None) -> dict[str, Any]:
-    """A reply cut by max_tokens may hold calls too, the last perhaps partial."""
-    is_cut = choice["finish_reason"] == FinishReason.LENGTH.value
-    if tool_parser is None or not (is_cut or choice["finish_reason"] == FinishReason.TOOL_CALLS.value):
+    """A reply with tools offered is read for calls whatever it finished with: "stop" after a call to a named
+    function, "length" after a call it cut (the last, partial)."""
+    if tool_parser is None:
         return {"role": "assistant", "content": choice["text"]}
+    is_cut = choice["finish_reason"] == FinishReason.LENGTH.value
     reply = parse_reply(tool_parser, choice["text"], id_prefix, is_cut)
     if not reply.tool_calls:
         return {"role": "assistant", "content": choice["text"]}

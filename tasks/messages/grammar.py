@@ -62,15 +62,21 @@ class ToolCallGrammar:
     functions: tuple[ToolFunction, ...]  # the functions a call may name
     is_parallel: bool  # one or more calls; else exactly one (triggered: at most one)
     is_triggered: bool = False
+    is_named: bool = False  # tool_choice named the function: the reply finishes "stop", as OpenAI's does
 
     def to_spec(self, param: str) -> GrammarSpec:
         functions = [function.to_dict() for function in self.functions]
         value = {"parser": self.parser, "functions": functions, "parallel": self.is_parallel}
-        value["triggered"] = self.is_triggered
+        value |= {"triggered": self.is_triggered, "named": self.is_named}
         return GrammarSpec(GrammarKind.TOOL_CALLS, json.dumps(value, sort_keys=True), param)
 
     @classmethod
     def from_spec(cls, spec: GrammarSpec) -> ToolCallGrammar:
         value = json.loads(spec.value)
         functions = tuple(ToolFunction.from_dict(f) for f in value["functions"])
-        return cls(value["parser"], functions, bool(value["parallel"]), bool(value["triggered"]))
+        return cls(value["parser"], functions, bool(value["parallel"]), bool(value["triggered"]), bool(value["named"]))
+
+    @classmethod
+    def is_named_in(cls, spec: GrammarSpec | None) -> bool:
+        """Whether `spec` forces a call to one named function."""
+        return spec is not None and spec.kind == GrammarKind.TOOL_CALLS and cls.from_spec(spec).is_named

@@ -10,6 +10,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from tasks.messages.generation import ChoiceResult, FinishReason, GenerateRequest
+from tasks.messages.grammar import ToolCallGrammar
 from tasks.messages.steering import SteeringSpec
 from tasks.messages.tool_calls import ToolCallStream
 from worker.engine.interface import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
@@ -52,6 +53,7 @@ class Choice:
     text_stream: TextStream
     wants_logprobs: bool
     tool_calls: ToolCallStream | None = None  # the request offered tools: its text is read for calls
+    calls_finish_reason: FinishReason = FinishReason.TOOL_CALLS  # STOP for a call to a function tool_choice named
     prompt: PromptShow | None = None  # None: the choice shows nothing of its prompt
     echo_text: str = ""
     prompt_logprobs: list[dict[str, Any] | None] | None = None
@@ -129,7 +131,7 @@ class Choice:
             tail, tail_calls = stream.flush(is_cut=self.finish_reason == FinishReason.LENGTH)
             content, calls = content + tail, calls + tail_calls
             if stream.calls and self.finish_reason not in (FinishReason.ABORT, FinishReason.LENGTH):
-                self.finish_reason = FinishReason.TOOL_CALLS
+                self.finish_reason = self.calls_finish_reason
         first = len(stream.calls) - len(calls)
         deltas = [entry for offset, call in enumerate(calls) for entry in call.delta_entries(first + offset)]
         return ChoiceDelta(content, token_ids, entries, self.finish_reason, deltas)
@@ -185,6 +187,7 @@ def start_choice(
             prompt_ids, request.echo, sampling.logprobs or 0, request.prompt_logprobs, request.echo_from
         )
     wants_logprobs = sampling.logprobs is not None
-    choice = Choice(index, choice_id, text_stream, wants_logprobs, tool_calls=tool_calls, prompt=prompt)
+    calls_finish = FinishReason.STOP if ToolCallGrammar.is_named_in(request.grammar) else FinishReason.TOOL_CALLS
+    choice = Choice(index, choice_id, text_stream, wants_logprobs, tool_calls, calls_finish, prompt=prompt)
     engine.submit(engine_request, on_output)
     return choice

@@ -105,7 +105,7 @@ def test_forced_calls_parse_and_their_arguments_validate(stack: Stack, tool_choi
         seed=5,
     )
     choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls"
+    assert choice.finish_reason == ("stop" if isinstance(tool_choice, dict) else "tool_calls")  # as OpenAI answers
     assert_calls_validate(choice.message)
     if isinstance(tool_choice, dict):
         assert [call.function.name for call in choice.message.tool_calls] == ["add_numbers"]
