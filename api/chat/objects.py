@@ -29,7 +29,12 @@ class StreamMeta:
 
 
 def completion_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
-    """The non-streamed response of a finished request; `tool_parser` reads the calls of a choice that made some."""
+    """The non-streamed response of a finished request; `tool_parser` reads the calls of a request that offered
+    tools it may call, as the worker read its stream."""
+    body = record.body or {}
+    may_call = (body.get("tools") or body.get("functions")) and body.get(
+        "tool_choice", body.get("function_call")
+    ) != "none"
     result = record.result
     assert result is not None, "completion_object needs a finished request"
     return completion_body(
@@ -45,7 +50,7 @@ def completion_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]
         extra_choices=[ChoiceResult.from_dict(choice) for choice in result.extra_choices or []],
         steering=result.steering,
         monitor=result.monitor,
-        tool_parser=tool_parser,
+        tool_parser=tool_parser if may_call else None,
     )
 
 
