@@ -58,7 +58,8 @@ def tool_plan(tokenizer: PreTrainedTokenizerFast, chat: ChatCompletionRequest, p
         choice = choice.mode
     is_auto = choice in (None, "auto")
     forced = callable_functions if is_auto or choice == "required" else [_named(functions, choice.name, choice_param)]
-    is_parallel = not isinstance(choice, FunctionName) and chat.parallel_tool_calls is not False
+    # a legacy `functions` reply has one `function_call`; tool_choice "required" or "auto" may make several calls
+    is_parallel = param == "tools" and not isinstance(choice, FunctionName) and chat.parallel_tool_calls is not False
     choices = tuple(ToolFunction(f.name, f.parameters or NO_ARGUMENTS) for f in forced)
     is_named = isinstance(choice, FunctionName)
     calls = ToolCallGrammar(parser, choices, is_parallel, is_triggered=is_auto, is_named=is_named)

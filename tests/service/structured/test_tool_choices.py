@@ -62,3 +62,27 @@ def test_a_named_function_finishes_with_stop(stack: Stack) -> None:
     ]
     chunks = list(client_for(stack).chat.completions.create(**body, stream=True))
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+
+
+@pytest.mark.parametrize("function_call", [None, {"name": "add_numbers"}])
+def test_legacy_functions_are_answered_with_function_call(stack: Stack, function_call: dict | None) -> None:
+    """A named function_call forces the call; without one the call is the model's choice, made likely here by
+    biasing the tokens of `<tool_call>` (models/tiny: "<tool", "_call", ">")."""
+    functions = [tool["function"] for tool in TOOLS]
+    body = {"model": stack.config.model_name, "messages": ask("add 3 and 4"), "functions": functions,
+            "max_tokens": 80, "temperature": 0, "logit_bias": {"537": 30, "402": 30, "35": 30}}  # fmt: skip
+    if function_call is not None:
+        body["function_call"] = function_call
+    choice = client_for(stack).chat.completions.create(**body).choices[0]
+    assert choice.message.tool_calls is None and choice.message.function_call is not None
+    call = choice.message.function_call
+    jsonschema.validate(json.loads(call.arguments), SCHEMA_OF[call.name])
+    assert choice.finish_reason == ("stop" if function_call else "function_call")
+    name, arguments, finish = "", "", None
+    for chunk in client_for(stack).chat.completions.create(**body, stream=True):
+        delta = chunk.choices[0].delta
+        assert delta.tool_calls is None
+        name += (delta.function_call.name or "") if delta.function_call else ""
+        arguments += (delta.function_call.arguments or "") if delta.function_call else ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, arguments, finish) == (call.name, call.arguments, choice.finish_reason)
