@@ -104,6 +104,16 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str]
 
 
+class InputItemList(BaseModel):
+    """A response's input items, as its request gave them (an `id` added where it had none)."""
+
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class ResponseDeleted(BaseModel):
     id: str
     object: Literal["response"]

@@ -89,6 +89,23 @@ def output_items(record: ResponseRecord, tool_parser: str) -> list[dict[str, Any
     return items
 
 
+INPUT_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def input_item_objects(record: ResponseRecord) -> list[dict[str, Any]]:
+    """The items the response was given (its conversation's earlier turns, then its input), oldest first, each with
+    an id: its own when it was given one, else one derived from the response and its place."""
+    items = []
+    for index, stored in enumerate(record.input_items):
+        kind = stored.get("type", "message")
+        item = {"type": kind, **stored}
+        item.setdefault("id", item_id(INPUT_ITEM_PREFIX[kind], f"{record.id}:input", index))
+        if kind == "message":
+            item.setdefault("status", "completed")
+        items.append(item)
+    return items
+
+
 def usage_object(request: RequestRecord) -> dict[str, Any] | None:
     result = request.result
     if result is None:

@@ -76,3 +76,18 @@ def test_replayed_output_items_are_valid_input(stack: Stack) -> None:
         max_output_tokens=4,
     )
     assert second.status in ("completed", "incomplete")
+
+
+def test_a_responses_input_items_are_listed(stack: Stack) -> None:
+    client, model = client_for(stack), stack.config.model_name
+    first = client.responses.create(model=model, input="my name is Ann", max_output_tokens=3, temperature=0)
+    given = [{"role": "user", "content": "and yours?"}, {"role": "user", "content": "tell me"}]
+    second = client.responses.create(model=model, previous_response_id=first.id, input=given, max_output_tokens=3)
+    listed = client.responses.input_items.list(second.id)
+    texts = [item.content[0].text for item in listed.data if item.type == "message" and item.role == "user"]
+    assert texts == ["tell me", "and yours?", "my name is Ann"]  # newest first, the earlier turn's input included
+    assert len({item.id for item in listed.data}) == len(listed.data) and not listed.has_more
+    oldest = client.responses.input_items.list(second.id, order="asc", limit=1)
+    assert [item.id for item in oldest.data] == [listed.data[-1].id] and oldest.has_more
+    after = client.responses.input_items.list(second.id, order="asc", after=oldest.data[0].id)
+    assert [item.id for item in after.data] == [item.id for item in reversed(listed.data[:-1])]
