@@ -18,6 +18,10 @@ Speculation: constrained rows never speculate. Two requests (a batch small enoug
 holds the JSON they go on to write, greedy, unconstrained with ngram proposals, unconstrained without, and
 constrained: the first two's gap is what a constrained row gives up.
 
+Tools in auto mode: every row carries the trigger grammar of `tool_choice: "auto"` (free text; a call started with
+the parser's marker is held to the tools' schemas) against the same rows with no grammar, unconstrained and ignoring
+EOS alike: the cost the trigger adds to a row that writes text. The target is at most 5 % at 135M.
+
 Compile: `--num-schemas` distinct variants of the schema through the worker's GrammarCompiler, cold (each a
 compile) and again (each a cache hit).
 """
@@ -43,7 +47,7 @@ from bench.random_model import SIZES, random_model_dir
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import Config
 from tasks.messages.generation import SamplingParams
-from tasks.messages.grammar import GrammarKind, GrammarSpec
+from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar, ToolFunction
 from worker.engine.continuous_engine import ContinuousEngine, grammar_compiler
 from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner
@@ -51,6 +55,7 @@ from worker.engine.model_runner import ModelRunner
 logger = logging.getLogger("bench.structured")
 
 CONSTRAINED_FRACTIONS = (0.0, 0.5, 1.0)
+TRIGGER_LABELS = ("no grammar", "auto-mode tool trigger")
 TIMEOUT_S = 600.0
 WORD = {"type": "string", "maxLength": 16}
 
@@ -197,6 +202,39 @@ def speculation_runs(engine: ContinuousEngine, tokenizer: PreTrainedTokenizerFas
     return runs
 
 
+def auto_tools_grammar() -> GrammarSpec:
+    """Two tools offered with tool_choice "auto", as the api builds it (tools/grammar in api/structured)."""
+    city = {"type": "object", "properties": {"city": WORD}, "required": ["city"]}
+    tools = (ToolFunction("get_weather", city), ToolFunction("add_people", record_schema()))
+    return ToolCallGrammar("hermes", tools, is_parallel=True, is_triggered=True).to_spec("tools")
+
+
+def trigger_runs(engine: ContinuousEngine, requests: list[BenchRequest], args: argparse.Namespace) -> list[Run]:
+    """Unconstrained rows (EOS ignored, so every row writes output_len tokens) with and without the trigger."""
+    sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    runs = []
+    for round_index in range(args.repeats):
+        for label, grammar in zip(TRIGGER_LABELS, (None, auto_tools_grammar()), strict=True):
+            batch = [
+                EngineRequest(f"{r.request_id}-t{round_index}-{grammar is None}", r.prompt_token_ids, sampling,
+                              grammar=grammar)
+                for r in requests
+            ]  # fmt: skip
+            runs.append(run_requests(engine, label, batch))
+    return runs
+
+
+def trigger_table(runs: list[Run]) -> str:
+    lines = ["| every row unconstrained | median s | output tok/s | x no grammar |", "|---|---|---|---|"]
+    rates = {}
+    for label in TRIGGER_LABELS:
+        mine = [run for run in runs if run.label == label]
+        seconds = statistics.median(run.seconds for run in mine)
+        rates[label] = rate = mine[0].num_tokens / seconds
+        lines.append(f"| {label} | {seconds:.2f} | {rate:.1f} | {rate / rates[TRIGGER_LABELS[0]]:.3f}x |")
+    return "\n".join(lines)
+
+
 def compile_table(config: Config, runner: ModelRunner, num_schemas: int) -> str:
     compiler = grammar_compiler(config, runner)
     specs = [
@@ -253,6 +291,9 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
                 )
                 logger.info("round %d, %s constrained: %.2fs", round_index, label, runs[-1].seconds)
         spec_runs = speculation_runs(engine, tokenizer, args)
+        run_requests(engine, "warm-up", [EngineRequest("warm-tools", requests[0].prompt_token_ids,
+                     SamplingParams(max_tokens=4, temperature=0.0), grammar=auto_tools_grammar())])  # fmt: skip
+        tool_runs = trigger_runs(engine, requests, args)
     finally:
         engine.stop()
     return "\n\n".join(
@@ -265,6 +306,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
             f"records (nested objects, enums, arrays, bounded strings); median of {args.repeats} interleaved runs",
             throughput_table(runs, args.num_requests),
             speculation_table(spec_runs),
+            trigger_table(tool_runs),
             compiles,
         ]
     )

@@ -115,7 +115,8 @@ def generate_request(batch_model: str | None, endpoint: Endpoint, body: dict[str
         tools = tool_plan(info.tokenizer, fields, info.tool_call_parser)
         prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages, tools.template_tools, fields)
         return build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools)
-    first, *more = [completion_prompt_ids(info.tokenizer, prompt) for prompt in fields.prompts]
+    special = fields.add_special_tokens
+    first, *more = [completion_prompt_ids(info.tokenizer, prompt, special) for prompt in fields.prompts]
     return build_generate_request(info, endpoint, fields, first, tenant, more_prompt_ids=more)
 
 

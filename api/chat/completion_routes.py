@@ -19,5 +19,7 @@ def create_completion() -> Response:
     body = read_json_object()
     completion = CompletionRequest.model_validate(body)
     info = model_info_for(completion.model)
-    first, *more = [completion_prompt_ids(info.tokenizer, prompt) for prompt in completion.prompts]
+    first, *more = [
+        completion_prompt_ids(info.tokenizer, prompt, completion.add_special_tokens) for prompt in completion.prompts
+    ]
     return generate(info, Endpoint.COMPLETIONS, completion, first, body, more_prompt_ids=more)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from flask import Response, jsonify
 
 from api.chat.objects import StreamMeta, completion_object
+from api.chat.prompts import echo_start
 from api.chat.relay import relay_frames
 from api.chat.sampling import prompts_sampling_params
 from api.chat.schemas import GenerationFields
@@ -71,6 +72,7 @@ def build_generate_request(
         tool_parser=tools.parser,
         more_prompt_token_ids=list(more_prompt_ids),
         echo=fields.echoes_prompt,
+        echo_from=echo_start(info.tokenizer, fields),
         prompt_logprobs=fields.prompt_logprobs,
         arrival_time=now,
     )

@@ -6,7 +6,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.messages.completions import choice_logprobs_of, completion_body, service_tier_of
-from tasks.messages.generation import ChoiceResult, Endpoint, EventType, StreamEvent, Usage, UsageDetails
+from tasks.messages.generation import (
+    ChoiceResult,
+    Endpoint,
+    EventType,
+    FinishReason,
+    StreamEvent,
+    Usage,
+    UsageDetails,
+)
 from tasks.store.models import RequestRecord
 
 
@@ -19,20 +27,31 @@ class StreamMeta:
     model: str
     created: int
     include_usage: bool
+    is_legacy_functions: bool = False  # the request offered `functions`: a call is answered as `function_call`
 
     @classmethod
     def of(cls, record: RequestRecord) -> StreamMeta:
         options = record.body.get("stream_options") or {}
-        return cls(
-            record.id, Endpoint(record.endpoint), record.model, record.created, bool(options.get("include_usage"))
-        )
+        is_legacy = "functions" in record.body
+        endpoint = Endpoint(record.endpoint)
+        return cls(record.id, endpoint, record.model, record.created, bool(options.get("include_usage")), is_legacy)
+
+    def finish_reason_of(self, event: StreamEvent) -> str | None:
+        if self.is_legacy_functions and event.finish_reason == FinishReason.TOOL_CALLS:
+            return "function_call"
+        return event.finish_reason.value if event.finish_reason else None
 
 
 def completion_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
-    """The non-streamed response of a finished request; `tool_parser` reads the calls of a choice that made some."""
+    """The non-streamed response of a finished request; `tool_parser` reads the calls of a request that offered
+    tools it may call, as the worker read its stream."""
+    body = record.body or {}
+    may_call = (body.get("tools") or body.get("functions")) and body.get(
+        "tool_choice", body.get("function_call")
+    ) != "none"
     result = record.result
     assert result is not None, "completion_object needs a finished request"
-    return completion_body(
+    completion = completion_body(
         request_id=record.id,
         endpoint=Endpoint(record.endpoint),
         model=record.model,
@@ -45,8 +64,22 @@ def completion_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]
         extra_choices=[ChoiceResult.from_dict(choice) for choice in result.extra_choices or []],
         steering=result.steering,
         monitor=result.monitor,
-        tool_parser=tool_parser,
+        tool_parser=tool_parser if may_call else None,
     )
+    if "functions" in body:
+        for choice in completion["choices"]:
+            _as_function_call(choice, choice["message"])
+    return completion
+
+
+def _as_function_call(choice: dict[str, Any], message: dict[str, Any]) -> None:
+    """A legacy `functions` request's call, as OpenAI answers it: `message.function_call` (one call: legacy
+    functions are never parallel) and finish_reason "function_call"."""
+    calls = message.pop("tool_calls", None)
+    if calls:
+        message["function_call"] = calls[0]["function"]
+    if choice["finish_reason"] == FinishReason.TOOL_CALLS.value:
+        choice["finish_reason"] = "function_call"
 
 
 def request_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
@@ -73,7 +106,7 @@ def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
         return [_chunk(meta, {"role": "assistant", "content": ""}, None)] if meta.endpoint == Endpoint.CHAT else []
     if event.type == EventType.DELTA:
         return _delta_chunks(meta, event)
-    chunks = [_chunk(meta, {}, event.finish_reason.value if event.finish_reason else None)]
+    chunks = [_chunk(meta, {}, meta.finish_reason_of(event))]
     if meta.include_usage and event.usage is not None:
         chunks.append({**_envelope(meta), "choices": [], "usage": event.usage.to_dict()})
     reports = {
@@ -88,7 +121,7 @@ def stream_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
 
 def _delta_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
     """New text (with its logprobs), then each tool call entry in a chunk of its own, then the finish reason."""
-    finish_reason = event.finish_reason.value if event.finish_reason else None
+    finish_reason = meta.finish_reason_of(event)
     chunks = []
     if event.text or event.logprobs or event.prompt_logprobs or (finish_reason and not event.tool_calls):
         logprobs = choice_logprobs_of(meta.endpoint, event.logprobs, event.text_offset) if event.logprobs else None
@@ -99,7 +132,9 @@ def _delta_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
             owner = chunk if meta.endpoint == Endpoint.CHAT else chunk["choices"][0]
             owner["prompt_logprobs"] = event.prompt_logprobs
         chunks.append(chunk)
-    chunks.extend(_chunk(meta, {"tool_calls": [entry]}, None, index=event.index) for entry in event.tool_calls)
+    for entry in event.tool_calls:
+        delta = {"function_call": entry["function"]} if meta.is_legacy_functions else {"tool_calls": [entry]}
+        chunks.append(_chunk(meta, delta, None, index=event.index))
     if event.tool_calls and finish_reason:
         chunks.append(_chunk(meta, {}, finish_reason, index=event.index))
     return chunks

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from api.chat.openai_extras import ChatTemplateFields
 from api.chat.prompt_bounds import check_prompt_chars
-from api.chat.schemas import ChatMessage
+from api.chat.schemas import ChatMessage, CompletionRequest, GenerationFields
 from api.errors import APIError
 from api.models.model_info import ModelInfo
 
@@ -73,6 +73,17 @@ def completion_prompt_ids(
     if any(not 0 <= token < vocab_size for token in prompt):
         raise APIError(400, f"prompt token ids must lie in [0, {vocab_size})", param="prompt")
     return list(prompt)
+
+
+def echo_start(tokenizer: PreTrainedTokenizerFast, fields: GenerationFields) -> int:
+    """Where an echo starts in each prompt: after the special tokens (a BOS) the tokenizer added to a text prompt,
+    which the client never sent; token-id prompts are echoed whole."""
+    is_text = isinstance(fields, CompletionRequest) and isinstance(fields.prompts[0], str)
+    if not (fields.echoes_prompt and is_text and fields.add_special_tokens):
+        return 0
+    plain = tokenizer.encode("x", add_special_tokens=False)
+    marked = tokenizer.encode("x")
+    return next(start for start in range(len(marked)) if marked[start : start + len(plain)] == plain)
 
 
 def resolve_max_tokens(info: ModelInfo, num_prompt_tokens: int, requested: int | None) -> int:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from api.chat.openai_extras import ChatTemplateFields, DetokenizeFields, OpenAIExtras
+from api.gate.lenient_fields import NULL_IS_DEFAULT, ReplayedModel
 from api.steering.schemas import MonitorBody, SteeringBody
 from api.structured.schemas import StrictModel, StructuredFields, ToolCallBody, ToolFields
 
@@ -25,12 +26,14 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class TextPart(StrictModel):
+class TextPart(ReplayedModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(StrictModel):
+class ChatMessage(ReplayedModel):
+    """Unknown fields (a replayed reply's `refusal`, `annotations`, `reasoning_content`, ...) are ignored."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -66,15 +69,15 @@ class GenerationFields(StructuredFields, OpenAIExtras, DetokenizeFields):
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: Annotated[float, NULL_IS_DEFAULT] = Field(1.0, ge=0.0, le=2.0)
+    top_p: Annotated[float, NULL_IS_DEFAULT] = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    stream: bool = False
+    stream: Annotated[bool, NULL_IS_DEFAULT] = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=MAX_CHOICES)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    n: Annotated[int, NULL_IS_DEFAULT] = Field(1, ge=1, le=MAX_CHOICES)
+    presence_penalty: Annotated[float, NULL_IS_DEFAULT] = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Annotated[float, NULL_IS_DEFAULT] = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
     # vLLM's extra parameters
     ignore_eos: bool = False
@@ -144,7 +147,7 @@ class GenerationFields(StructuredFields, OpenAIExtras, DetokenizeFields):
 class ChatCompletionRequest(GenerationFields, ToolFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
+    logprobs: Annotated[bool, NULL_IS_DEFAULT] = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("top_logprobs")
@@ -168,7 +171,8 @@ class CompletionRequest(GenerationFields):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(None, ge=0)
-    echo: bool = False
+    echo: Annotated[bool, NULL_IS_DEFAULT] = False
+    add_special_tokens: bool = True  # vLLM's: a text prompt gets the tokenizer's special tokens (its BOS)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls", "function_call"]  # function_call: legacy functions
 
 
 class ErrorBody(BaseModel):
@@ -95,6 +95,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = Field(None, description="a legacy `functions` request's call")
 
 
 class ChatChoice(BaseModel):
@@ -188,6 +189,7 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    function_call: dict[str, str] | None = Field(None, description="a legacy `functions` request's call, in parts")
 
 
 class ChatChunkChoice(BaseModel):

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from api.openapi.completion_objects import TokenLogprobEntry
+
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
@@ -15,7 +17,7 @@ class OutputText(BaseModel):
     type: Literal["output_text"]
     text: str
     annotations: list[Any] = Field(max_length=0)
-    logprobs: list[Any] = Field(max_length=0)
+    logprobs: list[TokenLogprobEntry] = Field(description="empty unless `include` asks for them")
 
 
 class OutputMessage(BaseModel):
@@ -81,7 +83,9 @@ class ResponseObject(BaseModel):
     incomplete_details: IncompleteDetails | None
     instructions: str | None
     max_output_tokens: int | None
-    max_tool_calls: None
+    max_tool_calls: int | None = Field(
+        description="the request's, repeated: it bounds built-in tools, of which there are none"
+    )
     model: str
     output: list[OutputItem]
     parallel_tool_calls: bool
@@ -92,11 +96,22 @@ class ResponseObject(BaseModel):
     text: dict[str, Any] = Field(description='the request\'s `text`, its format by default {"type": "text"}')
     tool_choice: str | dict[str, Any]
     tools: list[dict[str, Any]]
+    top_logprobs: int | None
     top_p: float | None
     truncation: Literal["disabled"]
     usage: ResponseUsage | None
     user: str | None
     metadata: dict[str, str]
+
+
+class InputItemList(BaseModel):
+    """A response's input items, as its request gave them (an `id` added where it had none)."""
+
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
 
 
 class ResponseDeleted(BaseModel):
@@ -136,13 +151,13 @@ class ContentPartEvent(_TextPlace):
 class OutputTextDeltaEvent(_TextPlace):
     type: Literal["response.output_text.delta"]
     delta: str
-    logprobs: list[Any] = Field(max_length=0)
+    logprobs: list[TokenLogprobEntry]
 
 
 class OutputTextDoneEvent(_TextPlace):
     type: Literal["response.output_text.done"]
     text: str
-    logprobs: list[Any] = Field(max_length=0)
+    logprobs: list[TokenLogprobEntry]
 
 
 class FunctionCallArgumentsDeltaEvent(_Event):

@@ -63,7 +63,7 @@ GENERATION_ERRORS = (404, 413, 429, 504)  # 404: no such served model
 REQUEST_LINKS = ("requests.retrieve_request", "requests.request_events", "requests.cancel_request")
 FILE_LINKS = ("files.retrieve_file", "files.file_content", "files.delete_file")
 BATCH_LINKS = ("batches.retrieve_batch", "batches.cancel_batch", "batches.batch_events")
-RESPONSE_LINKS = ("responses.retrieve", "responses.cancel", "responses.delete")
+RESPONSE_LINKS = ("responses.retrieve", "responses.list_input_items", "responses.cancel", "responses.delete")
 
 
 def chat_example(model: str) -> dict[str, Any]:
@@ -104,6 +104,14 @@ OPERATIONS: dict[str, Operation] = {
     "responses.retrieve": Operation(
         "Retrieve a response, or replay and follow its events", "responses", resp.ResponseObject,
         stream=resp.RESPONSE_EVENTS, is_done_terminated=False, parameters=RESPONSE_STREAM, errors=(404, 410),
+    ),
+    "responses.list_input_items": Operation(
+        "List a response's input items", "responses", resp.InputItemList, errors=(404,),
+        parameters=(
+            query("limit", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}, "Page size"),
+            query("order", {"type": "string", "enum": ["asc", "desc"], "default": "desc"}, "desc: newest first"),
+            query("after", {"type": "string"}, "An item id: list the items after it in this order"),
+        ),
     ),
     "responses.cancel": Operation("Cancel a background response", "responses", resp.ResponseObject, errors=(404,)),
     "responses.delete": Operation("Delete a response", "responses", resp.ResponseDeleted, errors=(404,)),

@@ -9,10 +9,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pydantic import BaseModel
+
 from api.chat.schemas import ChatCompletionRequest
 from api.errors import APIError
 from api.responses.schemas import (
     INPUT_ITEMS,
+    AllowedToolsToolChoice,
     FunctionCallItem,
     FunctionToolChoice,
     MessageItem,
@@ -20,11 +23,13 @@ from api.responses.schemas import (
     TextConfig,
     TextFormatJsonObject,
     TextFormatJsonSchema,
+    ToolChoice,
 )
 
 # Where the chat path names a field of the chat request, the caller sent this field of theirs.
 CHAT_PARAMS = (
     (re.compile(r"^tools\.(\d+)\.function\.parameters"), r"tools.\1.parameters"),
+    (re.compile(r"^tool_choice\.allowed_tools\.tools"), "tool_choice.tools"),
     (re.compile(r"^response_format\.json_schema\.schema"), "text.format.schema"),
     (re.compile(r"^response_format"), "text.format"),
     (re.compile(r"^messages"), "input"),
@@ -46,6 +51,8 @@ def chat_request(body: ResponseCreateRequest, items: list[Any]) -> ChatCompletio
         "tool_choice": _chat_tool_choice(body.tool_choice),
         "parallel_tool_calls": body.parallel_tool_calls,
         "user": body.user,
+        "logprobs": body.wants_logprobs,
+        "top_logprobs": body.top_logprobs if body.wants_logprobs else None,
     }
     return ChatCompletionRequest.model_validate({key: value for key, value in chat.items() if value is not None})
 
@@ -90,9 +97,11 @@ def echoed_params(body: ResponseCreateRequest) -> dict[str, Any]:
         "metadata": body.metadata or {},
         "text": body.text.model_dump(by_alias=True, exclude_none=True) if body.text else DEFAULT_TEXT,
         "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
-        "tool_choice": choice.model_dump() if isinstance(choice, FunctionToolChoice) else (choice or "auto"),
+        "tool_choice": choice.model_dump() if isinstance(choice, BaseModel) else (choice or "auto"),
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "user": body.user,
+        "top_logprobs": body.top_logprobs,
+        "max_tool_calls": body.max_tool_calls,
     }
 
 
@@ -122,9 +131,12 @@ def _chat_tool(function: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": {key: value for key, value in function.items() if value is not None}}
 
 
-def _chat_tool_choice(choice: str | FunctionToolChoice | None) -> str | dict[str, Any] | None:
+def _chat_tool_choice(choice: ToolChoice | None) -> str | dict[str, Any] | None:
     if isinstance(choice, FunctionToolChoice):
         return {"type": "function", "function": {"name": choice.name}}
+    if isinstance(choice, AllowedToolsToolChoice):
+        tools = [{"type": "function", "function": {"name": tool.name}} for tool in choice.tools]
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.mode, "tools": tools}}
     return choice
 
 

@@ -33,6 +33,7 @@ class ResponseEvents:
     sequence_number: int = 0
     num_items: int = 0  # output items opened so far
     open_text: str | None = None  # the open message item's text; None: no message item is open
+    open_logprobs: list[dict[str, Any]] = field(default_factory=list)  # the open text's, when the request asked
     open_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by the worker's call index: opened items
 
     def opening(self) -> list[dict[str, Any]]:
@@ -45,7 +46,8 @@ class ResponseEvents:
             return [self._lifecycle("response.in_progress", snapshot)]
         if event.type == EventType.FINAL:
             return self._finish(event)
-        events = self._text_events(event.text) if event.text else []
+        # a stop token's logprob arrives without text, and belongs to the text's logprobs as chat's do
+        events = self._text_events(event.text, event.logprobs) if event.text or event.logprobs else []
         for entry in event.tool_calls:
             events.extend(self._call_events(entry))
         return events
@@ -56,21 +58,21 @@ class ResponseEvents:
             self._numbered({"type": "error", "code": info.code or info.type, "message": info.message, "param": None})
         ]
 
-    def _text_events(self, text: str) -> list[dict[str, Any]]:
+    def _text_events(self, text: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         events = []
         if self.open_text is None:
             events += self._open_message()
         self.open_text = (self.open_text or "") + text
-        events.append(
-            self._numbered({"type": "response.output_text.delta", **self._text_place(), "delta": text, "logprobs": []})
-        )
+        self.open_logprobs += logprobs
+        delta = {"type": "response.output_text.delta", **self._text_place(), "delta": text, "logprobs": logprobs}
+        events.append(self._numbered(delta))
         return events
 
     def _open_message(self) -> list[dict[str, Any]]:
         index = self.num_items
         self.num_items += 1
         item = message_item(self.record, index, None, "in_progress")
-        self.open_text = ""
+        self.open_text, self.open_logprobs = "", []
         return [
             self._numbered({"type": "response.output_item.added", "output_index": index, "item": item}),
             self._numbered({"type": "response.content_part.added", **self._text_place(), "part": text_part("")}),
@@ -79,12 +81,12 @@ class ResponseEvents:
     def _close_message(self, status: str) -> list[dict[str, Any]]:
         if self.open_text is None:
             return []
-        text, place = self.open_text, self._text_place()
+        text, logprobs, place = self.open_text, self.open_logprobs, self._text_place()
         self.open_text = None
-        item = message_item(self.record, place["output_index"], text, status)
+        item = message_item(self.record, place["output_index"], text, status, logprobs)
         return [
-            self._numbered({"type": "response.output_text.done", **place, "text": text, "logprobs": []}),
-            self._numbered({"type": "response.content_part.done", **place, "part": text_part(text)}),
+            self._numbered({"type": "response.output_text.done", **place, "text": text, "logprobs": logprobs}),
+            self._numbered({"type": "response.content_part.done", **place, "part": text_part(text, logprobs)}),
             self._numbered({"type": "response.output_item.done", "output_index": place["output_index"], "item": item}),
         ]
 

@@ -37,13 +37,20 @@ def response_status(request: RequestRecord) -> str:
     return "incomplete" if is_cut_short else "completed"
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`logprobs`: chat's content entries (token, logprob, bytes, top_logprobs), the shape Responses gives them."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def message_item(record: ResponseRecord, output_index: int, text: str | None, status: str) -> dict[str, Any]:
+def message_item(
+    record: ResponseRecord,
+    output_index: int,
+    text: str | None,
+    status: str,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """`text` None: the item as it opens, before its content part."""
-    content = [] if text is None else [text_part(text)]
+    content = [] if text is None else [text_part(text, logprobs)]
     item_key = item_id("msg", record.id, output_index)
     return {"id": item_key, "type": "message", "status": status, "role": "assistant", "content": content}
 
@@ -68,12 +75,34 @@ def output_items(record: ResponseRecord, tool_parser: str) -> list[dict[str, Any
         return []
     status = response_status(record.request)
     item_status = UNFINISHED_ITEM_STATUS.get(status, "completed")
-    if result.finish_reason != FinishReason.TOOL_CALLS.value:
-        return [message_item(record, 0, result.text, item_status)]
-    reply = parse_reply(tool_parser, result.text, tool_call_prefix(record))
+    has_tools = bool(record.params.get("tools")) or result.finish_reason == FinishReason.TOOL_CALLS.value
+    if not has_tools or result.finish_reason == FinishReason.ABORT.value:
+        return [message_item(record, 0, result.text, item_status, result.logprobs)]
+    is_cut = result.finish_reason == FinishReason.LENGTH.value
+    reply = parse_reply(tool_parser, result.text, tool_call_prefix(record), is_cut)
+    if not reply.tool_calls:
+        return [message_item(record, 0, result.text, item_status, result.logprobs)]
     items = [message_item(record, 0, reply.content, item_status)] if reply.content else []
-    for call in reply.tool_calls:
-        items.append(function_call_item(record, len(items), call.id, call.name, call.arguments, "completed"))
+    for index, call in enumerate(reply.tool_calls):
+        call_status = "incomplete" if is_cut and index == len(reply.tool_calls) - 1 else "completed"
+        items.append(function_call_item(record, len(items), call.id, call.name, call.arguments, call_status))
+    return items
+
+
+INPUT_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def input_item_objects(record: ResponseRecord) -> list[dict[str, Any]]:
+    """The items the response was given (its conversation's earlier turns, then its input), oldest first, each with
+    an id: its own when it was given one, else one derived from the response and its place."""
+    items = []
+    for index, stored in enumerate(record.input_items):
+        kind = stored.get("type", "message")
+        item = {"type": kind, **stored}
+        item.setdefault("id", item_id(INPUT_ITEM_PREFIX[kind], f"{record.id}:input", index))
+        if kind == "message":
+            item.setdefault("status", "completed")
+        items.append(item)
     return items
 
 
@@ -107,7 +136,7 @@ def response_object(record: ResponseRecord, tool_parser: str, in_flight_status: 
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": record.instructions,
         "max_output_tokens": params.get("max_output_tokens"),
-        "max_tool_calls": None,
+        "max_tool_calls": params.get("max_tool_calls"),
         "model": request.model,
         "output": [] if is_snapshot else output_items(record, tool_parser),
         "parallel_tool_calls": params.get("parallel_tool_calls", True),
@@ -118,6 +147,7 @@ def response_object(record: ResponseRecord, tool_parser: str, in_flight_status: 
         "text": params.get("text"),
         "tool_choice": params.get("tool_choice"),
         "tools": params.get("tools", []),
+        "top_logprobs": params.get("top_logprobs"),
         "top_p": params.get("top_p"),
         "truncation": "disabled",
         "usage": None if is_snapshot else usage_object(request),

@@ -12,6 +12,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy.orm import Session
 
+from api.batches.pages import cursor_page, page_limit
 from api.chat.generation import (
     build_generate_request,
     cancel_generation,
@@ -24,7 +25,7 @@ from api.gate.auth import current_principal
 from api.gate.request_limits import read_json_object
 from api.models.model_info import ModelInfo
 from api.responses.conversation import chat_request, echoed_params, read_items, responses_params, stored_items
-from api.responses.objects import output_items, response_object
+from api.responses.objects import input_item_objects, output_items, response_object
 from api.responses.schemas import ResponseCreateRequest
 from api.responses.stream import FROM_START, response_frames, starting_after
 from api.services import db_session, model_info_for, services
@@ -40,6 +41,7 @@ from tasks.streams.redis_keys import RedisKeys
 logger = logging.getLogger(__name__)
 bp = Blueprint("responses", __name__)
 CANCEL_WAIT_S = 5.0  # how long a cancel waits for the worker to stop the response before answering
+DEFAULT_INPUT_ITEMS_LIMIT, MAX_INPUT_ITEMS_LIMIT = 20, 100  # OpenAI's
 
 
 @bp.post("/v1/responses")
@@ -90,6 +92,25 @@ def retrieve(response_id: str) -> Response:
     if record.request.is_finished and not services().redis.exists(_stream_key(record)):
         raise APIError(410, "The event stream has expired; GET the response for its output.", code="stream_expired")
     return _stream(record, after)
+
+
+@bp.get("/v1/responses/<response_id>/input_items")
+def list_input_items(response_id: str) -> Response:
+    """OpenAI's list of a response's input items: `limit`, `order` (desc, newest first, by default), `after`."""
+    items = input_item_objects(_find(response_id))
+    limit = page_limit(DEFAULT_INPUT_ITEMS_LIMIT, MAX_INPUT_ITEMS_LIMIT)
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise APIError(400, "order must be asc or desc.", param="order")
+    if order == "desc":
+        items.reverse()
+    after = request.args.get("after")
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise APIError(404, f"Input item with id '{after}' not found.", param="after", code="not_found")
+        items = items[ids.index(after) + 1 :]
+    return jsonify(cursor_page(items[:limit], has_more=len(items) > limit))
 
 
 @bp.post("/v1/responses/<response_id>/cancel")

@@ -1,6 +1,7 @@
-"""The request body of OpenAI's Responses API (`POST /v1/responses`), validated with pydantic; unknown fields are
-refused, and a few harmless ones (`user`, `parallel_tool_calls`, `truncation: "disabled"`, `reasoning`) are accepted
-and change nothing."""
+"""The request body of OpenAI's Responses API (`POST /v1/responses`), validated with pydantic; unknown top-level
+fields are refused, unknown fields inside input items (replayed output items) are ignored, and the fields clients send
+by default that mean nothing here (`user`, `service_tier`, `prompt_cache_key`, `max_tool_calls`, `reasoning`, ...) are
+accepted and change nothing."""
 
 from __future__ import annotations
 
@@ -8,19 +9,30 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, field_validator
 
+from api.chat.openai_extras import Identifier
+from api.chat.schemas import MAX_TOP_LOGPROBS
+from api.gate.lenient_fields import NULL_IS_DEFAULT, ReplayedModel
 from api.structured.schemas import FUNCTION_NAME, MAX_TOOLS, TOOL_CHOICES, StrictModel
 
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on `metadata`
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 MAX_INPUT_ITEMS = 2048
+OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+# OpenAI's other `include` values name outputs of tools and inputs this server has not (built-in tools, images,
+# encrypted reasoning): accepted, adding nothing.
+INCLUDABLE = Literal[
+    "message.output_text.logprobs", "reasoning.encrypted_content", "file_search_call.results",
+    "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+    "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+]  # fmt: skip
 
 
-class InputTextPart(StrictModel):
+class InputTextPart(ReplayedModel):
     type: Literal["input_text"]
     text: str
 
 
-class OutputTextPart(StrictModel):
+class OutputTextPart(ReplayedModel):
     """A reply's text, as an earlier response's output gives it back."""
 
     type: Literal["output_text"]
@@ -37,7 +49,7 @@ def _as_text_parts(content: Any) -> Any:
     return [{"type": "input_text", "text": content}] if isinstance(content, str) else content
 
 
-class MessageItem(StrictModel):
+class MessageItem(ReplayedModel):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: Annotated[
@@ -51,7 +63,7 @@ class MessageItem(StrictModel):
         return "".join(part.text for part in self.content)
 
 
-class FunctionCallItem(StrictModel):
+class FunctionCallItem(ReplayedModel):
     """A call the model made, given back in a later request's input."""
 
     type: Literal["function_call"]
@@ -62,7 +74,7 @@ class FunctionCallItem(StrictModel):
     status: str | None = None
 
 
-class FunctionCallOutputItem(StrictModel):
+class FunctionCallOutputItem(ReplayedModel):
     """What a call returned."""
 
     type: Literal["function_call_output"]
@@ -105,6 +117,22 @@ class FunctionToolChoice(StrictModel):
     name: str
 
 
+class AllowedFunction(StrictModel):
+    type: Literal["function"]
+    name: str
+
+
+class AllowedToolsToolChoice(StrictModel):
+    """The tools the model may call, of those offered (all stay shown to it): freely ("auto") or one at least."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[AllowedFunction] = Field(min_length=1, max_length=MAX_TOOLS)
+
+
+ToolChoice = str | FunctionToolChoice | AllowedToolsToolChoice  # a str: one of TOOL_CHOICES
+
+
 class TextFormatText(StrictModel):
     type: Literal["text"]
 
@@ -126,7 +154,7 @@ TextFormat = Annotated[TextFormatText | TextFormatJsonObject | TextFormatJsonSch
 
 class TextConfig(StrictModel):
     format: TextFormat = Field(default_factory=lambda: TextFormatText(type="text"))
-    verbosity: Literal["medium"] | None = None  # the only verbosity a model without that control has
+    verbosity: Literal["low", "medium", "high"] | None = None  # ignored: the models have no such control
 
 
 class ReasoningConfig(StrictModel):
@@ -135,6 +163,10 @@ class ReasoningConfig(StrictModel):
     effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponseStreamOptions(StrictModel):
+    include_obfuscation: bool | None = None  # ignored: events carry no obfuscation padding
 
 
 class ResponseCreateRequest(StrictModel):
@@ -146,21 +178,33 @@ class ResponseCreateRequest(StrictModel):
     ]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    store: bool = True
+    temperature: Annotated[float, NULL_IS_DEFAULT] = Field(1.0, ge=0.0, le=2.0)
+    top_p: Annotated[float, NULL_IS_DEFAULT] = Field(1.0, gt=0.0, le=1.0)
+    store: Annotated[bool, NULL_IS_DEFAULT] = True
     metadata: dict[str, str] | None = None
-    stream: bool = False
-    background: bool = False
+    stream: Annotated[bool, NULL_IS_DEFAULT] = False
+    background: Annotated[bool, NULL_IS_DEFAULT] = False
     previous_response_id: str | None = None
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
-    tool_choice: str | FunctionToolChoice | None = None  # one of TOOL_CHOICES, or a function to call
+    tool_choice: ToolChoice | None = None
     text: TextConfig | None = None
+    include: list[INCLUDABLE] | None = None  # OUTPUT_TEXT_LOGPROBS adds the text's logprobs; the rest add nothing
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     # accepted, changing nothing
     user: str | None = None
     parallel_tool_calls: bool | None = None
     truncation: Literal["disabled"] | None = None
     reasoning: ReasoningConfig | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: Identifier | None = None  # prefix caching is automatic, by the prompt's tokens
+    prompt_cache_retention: Literal["in-memory", "24h"] | None = None
+    safety_identifier: Identifier | None = None
+    max_tool_calls: int | None = Field(None, ge=1)  # bounds calls to built-in tools, of which there are none
+    stream_options: ResponseStreamOptions | None = None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return OUTPUT_TEXT_LOGPROBS in (self.include or ()) or self.top_logprobs is not None
 
     @field_validator("metadata")
     @classmethod
@@ -174,7 +218,7 @@ class ResponseCreateRequest(StrictModel):
 
     @field_validator("tool_choice")
     @classmethod
-    def _check_tool_choice(cls, choice: str | FunctionToolChoice | None) -> str | FunctionToolChoice | None:
+    def _check_tool_choice(cls, choice: ToolChoice | None) -> ToolChoice | None:
         if isinstance(choice, str) and choice not in TOOL_CHOICES:
             raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a named function")
         return choice

@@ -13,7 +13,7 @@ from api.chat.schemas import GenerationFields
 from api.errors import APIError
 from api.structured.grammar_check import check_grammar
 from api.structured.schemas import JsonObjectFormat, JsonSchemaFormat, StructuredOutputsBody
-from tasks.messages.grammar import GrammarKind, GrammarSpec
+from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar
 
 
 def request_grammar(
@@ -21,6 +21,12 @@ def request_grammar(
 ) -> GrammarSpec | None:
     """The grammar every token of the request obeys, compiled once here so a bad one is a 400 before queueing."""
     grammar = structured_grammar(fields)
+    if tool_grammar is not None and ToolCallGrammar.from_spec(tool_grammar).is_triggered:
+        # tool_choice "auto": alone, the reply is free text that may end anywhere outside a call, so min_tokens and
+        # ignore_eos go with it (tool_plan checked the tools' schemas); another constraint holds the whole reply
+        if grammar is None:
+            return tool_grammar
+        tool_grammar = None
     if grammar is not None and tool_grammar is not None:
         message = f"{tool_grammar.param} forces tool calls, which cannot be combined with {grammar.param}"
         raise APIError(400, message, param=tool_grammar.param)

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from api.gate.lenient_fields import ReplayedModel
+
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 MAX_TOOLS = 128
 
@@ -79,17 +81,34 @@ class NamedToolChoice(StrictModel):
     function: FunctionName
 
 
+class AllowedTool(StrictModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class AllowedToolsBody(StrictModel):
+    """The tools the model may call, of those offered (all stay shown to it): freely ("auto") or one at least."""
+
+    mode: Literal["auto", "required"]
+    tools: list[AllowedTool] = Field(min_length=1, max_length=MAX_TOOLS)
+
+
+class AllowedToolsChoice(StrictModel):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedToolsBody
+
+
 TOOL_CHOICES = ("none", "auto", "required")
 FUNCTION_CALLS = ("none", "auto")
 
 
-class ToolCallFunction(StrictModel):
+class ToolCallFunction(ReplayedModel):
     name: str
     arguments: str  # a JSON text, as the API returned it
 
 
-class ToolCallBody(StrictModel):
-    """A call in an assistant message of the history."""
+class ToolCallBody(ReplayedModel):
+    """A call in an assistant message of the history (as replayed: unknown fields are ignored)."""
 
     id: str
     type: Literal["function"] = "function"
@@ -111,7 +130,7 @@ class ToolFields(StrictModel):
 
     response_format: ResponseFormat | None = None
     tools: list[ToolBody] | None = Field(None, max_length=MAX_TOOLS)
-    tool_choice: str | NamedToolChoice | None = None  # one of TOOL_CHOICES, or a function to call
+    tool_choice: str | NamedToolChoice | AllowedToolsChoice | None = None  # one of TOOL_CHOICES, a function, a subset
     parallel_tool_calls: bool | None = None
     functions: list[FunctionDefinition] | None = Field(None, max_length=MAX_TOOLS)  # legacy: tools
     function_call: str | FunctionName | None = None  # legacy: tool_choice, one of FUNCTION_CALLS or a function
@@ -119,7 +138,9 @@ class ToolFields(StrictModel):
     # Checked here rather than as Literal members of the union, so that an error names the field alone.
     @field_validator("tool_choice")
     @classmethod
-    def _check_tool_choice(cls, choice: str | NamedToolChoice | None) -> str | NamedToolChoice | None:
+    def _check_tool_choice(
+        cls, choice: str | NamedToolChoice | AllowedToolsChoice | None
+    ) -> str | NamedToolChoice | AllowedToolsChoice | None:
         if isinstance(choice, str) and choice not in TOOL_CHOICES:
             raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a named function")
         return choice

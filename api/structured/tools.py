@@ -1,5 +1,6 @@
 """A chat request's tools: what the chat template is shown, whether the reply is parsed for calls, and the grammar
-that forces calls (tool_choice "required" or a named function). Legacy `functions` / `function_call` map onto
+that holds calls to the offered tools: forced (tool_choice "required" or a named function), or, in "auto", each call
+the model starts. Legacy `functions` / `function_call` map onto
 `tools` / `tool_choice`."""
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ from transformers import PreTrainedTokenizerFast
 from api.chat.schemas import ChatCompletionRequest
 from api.errors import APIError
 from api.structured.grammar_check import check_json_schema
-from api.structured.schemas import FunctionDefinition, NamedToolChoice
+from api.structured.schemas import (
+    AllowedToolsBody,
+    AllowedToolsChoice,
+    FunctionDefinition,
+    FunctionName,
+    NamedToolChoice,
+)
 from tasks.messages.grammar import GrammarSpec, ToolCallGrammar, ToolFunction
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}  # a function given no `parameters` takes none
@@ -22,7 +29,7 @@ NO_ARGUMENTS = {"type": "object", "properties": {}}  # a function given no `para
 class ToolPlan:
     template_tools: list[dict[str, Any]] | None  # the `tools` argument of the chat template
     parser: str | None  # the reply is parsed for calls in this format
-    grammar: GrammarSpec | None  # calls the reply must make
+    grammar: GrammarSpec | None  # calls the reply must make, or (auto) that each call it starts must be
 
 
 NO_TOOLS = ToolPlan(None, None, None)
@@ -44,12 +51,18 @@ def tool_plan(tokenizer: PreTrainedTokenizerFast, chat: ChatCompletionRequest, p
     if choice == "none":
         return NO_TOOLS  # the model is not shown the tools, so it does not try to call them
     template_tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in functions]
-    if choice in (None, "auto"):
-        return ToolPlan(template_tools, parser, None)
-    forced = functions if choice == "required" else [_named(functions, choice.name, choice_param)]
-    is_parallel = choice == "required" and chat.parallel_tool_calls is not False
+    callable_functions = functions
+    if isinstance(choice, AllowedToolsBody):
+        names = [tool.function.name for tool in choice.tools]
+        callable_functions = [_named(functions, name, f"{choice_param}.allowed_tools.tools") for name in names]
+        choice = choice.mode
+    is_auto = choice in (None, "auto")
+    forced = callable_functions if is_auto or choice == "required" else [_named(functions, choice.name, choice_param)]
+    # a legacy `functions` reply has one `function_call`; tool_choice "required" or "auto" may make several calls
+    is_parallel = param == "tools" and not isinstance(choice, FunctionName) and chat.parallel_tool_calls is not False
     choices = tuple(ToolFunction(f.name, f.parameters or NO_ARGUMENTS) for f in forced)
-    calls = ToolCallGrammar(parser, choices, is_parallel)
+    is_named = isinstance(choice, FunctionName)
+    calls = ToolCallGrammar(parser, choices, is_parallel, is_triggered=is_auto, is_named=is_named)
     return ToolPlan(template_tools, parser, calls.to_spec(choice_param))
 
 
@@ -64,7 +77,11 @@ def _offered(chat: ChatCompletionRequest) -> tuple[list[FunctionDefinition], Any
     if chat.function_call is not None:
         message = "function_call goes with the legacy functions; tools take tool_choice"
         raise APIError(400, message, param="function_call")
-    choice = chat.tool_choice.function if isinstance(chat.tool_choice, NamedToolChoice) else chat.tool_choice
+    choice: Any = chat.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        choice = choice.function
+    elif isinstance(choice, AllowedToolsChoice):
+        choice = choice.allowed_tools
     return [tool.function for tool in chat.tools or []], choice, "tools"
 
 

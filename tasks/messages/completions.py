@@ -75,9 +75,14 @@ def _choice_object(
 
 
 def _message(choice: dict[str, Any], id_prefix: str, tool_parser: str | None) -> dict[str, Any]:
-    if choice["finish_reason"] != FinishReason.TOOL_CALLS.value or tool_parser is None:
+    """A reply with tools offered is read for calls whatever it finished with: "stop" after a call to a named
+    function, "length" after a call it cut (the last, partial)."""
+    if tool_parser is None:
         return {"role": "assistant", "content": choice["text"]}
-    reply = parse_reply(tool_parser, choice["text"], id_prefix)
+    is_cut = choice["finish_reason"] == FinishReason.LENGTH.value
+    reply = parse_reply(tool_parser, choice["text"], id_prefix, is_cut)
+    if not reply.tool_calls:
+        return {"role": "assistant", "content": choice["text"]}
     return {"role": "assistant", "content": reply.content, "tool_calls": [call.to_dict() for call in reply.tool_calls]}
 
 

@@ -139,6 +139,7 @@ class GenerateRequest:
     tool_parser: str | None = None  # the reply's tool calls are parsed in this format (tools offered, not "none")
     more_prompt_token_ids: list[list[int]] = field(default_factory=list)  # a completion's prompts after the first
     echo: bool = False  # each choice's text and logprobs start with its prompt's
+    echo_from: int = 0  # the echo leaves out this many leading tokens: those the tokenizer added to a text prompt
     prompt_logprobs: int | None = None  # vLLM's: each choice's `prompt_logprobs`, with this many alternatives
     arrival_time: float = 0.0  # unix seconds, to the microsecond, when the api took it: where latencies start
 
@@ -171,6 +172,7 @@ class GenerateRequest:
             "tool_parser": self.tool_parser,
             "more_prompt_token_ids": [list(prompt) for prompt in self.more_prompt_token_ids],
             "echo": self.echo,
+            "echo_from": self.echo_from,
             "prompt_logprobs": self.prompt_logprobs,
             "arrival_time": self.arrival_time,
         }
@@ -192,6 +194,7 @@ class GenerateRequest:
             tool_parser=data.get("tool_parser"),
             more_prompt_token_ids=[list(prompt) for prompt in data.get("more_prompt_token_ids", ())],
             echo=bool(data.get("echo", False)),
+            echo_from=int(data.get("echo_from", 0)),
             prompt_logprobs=data.get("prompt_logprobs"),
             arrival_time=float(data.get("arrival_time", data["created"])),  # messages from before it was sent
         )

@@ -54,19 +54,29 @@ class ToolFunction:
 
 @dataclass(frozen=True)
 class ToolCallGrammar:
-    """Calls the model must make (tool_choice "required" or a named function), written in `parser`'s format."""
+    """Calls written in `parser`'s format: calls the model must make (tool_choice "required" or a named function),
+    or, triggered (tool_choice "auto"), free text in which each call the model starts (the parser's start marker) must
+    go on as a whole call to an offered function."""
 
     parser: str  # a TOOL_CALL_PARSER name: the format the calls are written in
     functions: tuple[ToolFunction, ...]  # the functions a call may name
-    is_parallel: bool  # one or more calls; else exactly one
+    is_parallel: bool  # one or more calls; else exactly one (triggered: at most one)
+    is_triggered: bool = False
+    is_named: bool = False  # tool_choice named the function: the reply finishes "stop", as OpenAI's does
 
     def to_spec(self, param: str) -> GrammarSpec:
         functions = [function.to_dict() for function in self.functions]
         value = {"parser": self.parser, "functions": functions, "parallel": self.is_parallel}
+        value |= {"triggered": self.is_triggered, "named": self.is_named}
         return GrammarSpec(GrammarKind.TOOL_CALLS, json.dumps(value, sort_keys=True), param)
 
     @classmethod
     def from_spec(cls, spec: GrammarSpec) -> ToolCallGrammar:
         value = json.loads(spec.value)
         functions = tuple(ToolFunction.from_dict(f) for f in value["functions"])
-        return cls(value["parser"], functions, bool(value["parallel"]))
+        return cls(value["parser"], functions, bool(value["parallel"]), bool(value["triggered"]), bool(value["named"]))
+
+    @classmethod
+    def is_named_in(cls, spec: GrammarSpec | None) -> bool:
+        """Whether `spec` forces a call to one named function."""
+        return spec is not None and spec.kind == GrammarKind.TOOL_CALLS and cls.from_spec(spec).is_named

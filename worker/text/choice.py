@@ -10,6 +10,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from tasks.messages.generation import ChoiceResult, FinishReason, GenerateRequest
+from tasks.messages.grammar import ToolCallGrammar
 from tasks.messages.steering import SteeringSpec
 from tasks.messages.tool_calls import ToolCallStream
 from worker.engine.interface import INTERACTIVE_PRIORITY, Engine, EngineOutput, EngineRequest, OutputCallback
@@ -42,6 +43,7 @@ class PromptShow:
     is_echoed: bool = False
     num_echo_top: int = 0  # alternatives per echoed entry: the request's logprobs
     num_vllm_top: int | None = None  # vLLM's prompt_logprobs; None: not asked for
+    echo_from: int = 0  # the echo leaves out the tokens the tokenizer added before a text prompt
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Choice:
     text_stream: TextStream
     wants_logprobs: bool
     tool_calls: ToolCallStream | None = None  # the request offered tools: its text is read for calls
+    calls_finish_reason: FinishReason = FinishReason.TOOL_CALLS  # STOP for a call to a function tool_choice named
     prompt: PromptShow | None = None  # None: the choice shows nothing of its prompt
     echo_text: str = ""
     prompt_logprobs: list[dict[str, Any] | None] | None = None
@@ -112,21 +115,23 @@ class Choice:
             self.prompt_logprobs = vllm_prompt_logprobs(tokenizer, output.prompt_logprobs, prompt.num_vllm_top)
         if not prompt.is_echoed:
             return "", [], self.prompt_logprobs
-        # decoded as vLLM echoes a token prompt: special tokens (a BOS the tokenizer added) included
-        self.echo_text = visible_text(tokenizer.decode(prompt.token_ids))
+        # decoded with its special tokens, less those the tokenizer added to a text prompt (which the client never sent)
+        self.echo_text = visible_text(tokenizer.decode(prompt.token_ids[prompt.echo_from :]))
         entries = echo_entries(tokenizer, prompt.token_ids, output.prompt_logprobs, prompt.num_echo_top)
+        entries = entries[prompt.echo_from :]
         return self.echo_text, entries if self.wants_logprobs else [], self.prompt_logprobs
 
     def _tool_call_delta(self, text: str, token_ids: list[int], entries: list[dict[str, Any]]) -> ChoiceDelta:
-        """The new text split into content and whole calls; a reply that made calls finishes with "tool_calls"."""
+        """The new text split into content and whole calls; a reply that made calls finishes with "tool_calls", or
+        "length" when max_tokens cut it (a call it cut is sent as far as it got)."""
         stream = self.tool_calls
         assert stream is not None
         content, calls = stream.feed(text)
         if self.finish_reason is not None:
-            tail, tail_calls = stream.flush()
+            tail, tail_calls = stream.flush(is_cut=self.finish_reason == FinishReason.LENGTH)
             content, calls = content + tail, calls + tail_calls
-            if stream.calls and self.finish_reason != FinishReason.ABORT:
-                self.finish_reason = FinishReason.TOOL_CALLS
+            if stream.calls and self.finish_reason not in (FinishReason.ABORT, FinishReason.LENGTH):
+                self.finish_reason = self.calls_finish_reason
         first = len(stream.calls) - len(calls)
         deltas = [entry for offset, call in enumerate(calls) for entry in call.delta_entries(first + offset)]
         return ChoiceDelta(content, token_ids, entries, self.finish_reason, deltas)
@@ -178,8 +183,11 @@ def start_choice(
     tool_calls = None if parser is None else ToolCallStream(parser, f"{request.request_id}:{index}")
     prompt = None
     if request.echo or request.prompt_logprobs is not None:
-        prompt = PromptShow(prompt_ids, request.echo, sampling.logprobs or 0, request.prompt_logprobs)
+        prompt = PromptShow(
+            prompt_ids, request.echo, sampling.logprobs or 0, request.prompt_logprobs, request.echo_from
+        )
     wants_logprobs = sampling.logprobs is not None
-    choice = Choice(index, choice_id, text_stream, wants_logprobs, tool_calls=tool_calls, prompt=prompt)
+    calls_finish = FinishReason.STOP if ToolCallGrammar.is_named_in(request.grammar) else FinishReason.TOOL_CALLS
+    choice = Choice(index, choice_id, text_stream, wants_logprobs, tool_calls, calls_finish, prompt=prompt)
     engine.submit(engine_request, on_output)
     return choice

@@ -155,3 +155,26 @@ def test_logit_bias_forces_and_bans_greedy_picks(
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(**common, logit_bias=bad)
         assert refused.value.body["param"] == "logit_bias"
+
+
+@pytest.mark.parametrize("add_special_tokens", [None, False])  # None: left out, so true
+def test_a_text_prompt_is_echoed_as_sent(
+    stack: Stack, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, add_special_tokens: bool | None
+) -> None:
+    """The BOS the tokenizer adds to a text prompt (add_special_tokens, true by default) is the model's input, not
+    the client's text: the echo leaves it out, and its first token is scored after the BOS."""
+    prompt = "the dog ran home"
+    body = lm_eval_body(stack, prompt=prompt, max_tokens=0)
+    if add_special_tokens is not None:
+        body["add_special_tokens"] = add_special_tokens
+    reply = requests.post(f"{stack.base_url}/v1/completions", json=body, headers=auth(stack), timeout=120).json()
+    [choice] = reply["choices"]
+    sent = tokenizer.encode(prompt, add_special_tokens=add_special_tokens is not False)
+    plain = tokenizer.encode(prompt, add_special_tokens=False)
+    assert choice["text"] == prompt and reply["usage"]["prompt_tokens"] == len(sent)
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [tokenizer.decode([token]) for token in plain]
+    expected = hf_logprobs(hf_model, sent)
+    skipped = len(sent) - len(plain)
+    want = [expected[skipped + i - 1, token].item() if skipped + i else None for i, token in enumerate(plain)]
+    assert logprobs["token_logprobs"] == [w if w is None else pytest.approx(w, abs=TOLERANCE) for w in want]

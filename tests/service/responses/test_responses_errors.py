@@ -17,7 +17,7 @@ BAD_BODIES = [
     ({"input": []}, "input"),
     ({"input": 5}, "input"),
     ({"input": [{"role": "narrator", "content": "x"}]}, "input.0.message.role"),
-    ({"input": [{"role": "user", "content": "x", "bogus": 1}]}, "input.0.message.bogus"),
+    ({"input": [{"role": "user", "content": "x", "bogus": 1}], "include": ["bogus"]}, "include.0"),
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.message.content.0"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input.0.function_call.arguments"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0.function_call_output.call_id"),

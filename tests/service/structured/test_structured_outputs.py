@@ -105,7 +105,7 @@ def test_forced_calls_parse_and_their_arguments_validate(stack: Stack, tool_choi
         seed=5,
     )
     choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls"
+    assert choice.finish_reason == ("stop" if isinstance(tool_choice, dict) else "tool_calls")  # as OpenAI answers
     assert_calls_validate(choice.message)
     if isinstance(tool_choice, dict):
         assert [call.function.name for call in choice.message.tool_calls] == ["add_numbers"]
@@ -147,13 +147,14 @@ def test_auto_mode_reads_the_models_own_text_for_calls(stack: Stack) -> None:
         # a reply that was not cut at max_tokens ended with its end-of-turn token, which its text leaves out
         tokens = choice.logprobs.content if choice.finish_reason == "length" else choice.logprobs.content[:-1]
         written = b"".join(bytes(entry.bytes) for entry in tokens).decode()
-        expected = parse_reply(stack.config.tool_call_parser, written, "call")
+        is_cut = choice.finish_reason == "length"
+        expected = parse_reply(stack.config.tool_call_parser, written, "call", is_cut)
         calls = choice.message.tool_calls or []
         assert [(call.function.name, call.function.arguments) for call in calls] == [
             (call.name, call.arguments) for call in expected.tool_calls
         ]
-        assert choice.message.content == expected.content
-        assert (choice.finish_reason == "tool_calls") == bool(expected.tool_calls)
+        assert choice.message.content == (expected.content if expected.tool_calls else written)
+        assert choice.finish_reason == "length" if is_cut else (choice.finish_reason == "tool_calls") == bool(calls)
 
 
 @pytest.mark.parametrize("body", [LANGCHAIN_STRUCTURED, LANGCHAIN_TOOLS, {"messages": HISTORY, "tools": TOOLS}])

@@ -106,3 +106,29 @@ def test_call_delta_entries_have_openai_stream_shape() -> None:
         "function": {"name": "get_weather", "arguments": ""},
     }
     assert arguments == {"index": 3, "function": {"arguments": '{"city": "Paris"}'}}
+
+
+def test_an_argument_string_may_hold_the_end_marker() -> None:
+    call = '<tool_call>\n{"name": "User", "arguments": {"name": "a</tool_call>b"}}\n</tool_call>'
+    for text in (call, "Sure. " + call + "\n" + call):
+        reply = parse_reply(HERMES, text, "r:0")
+        assert [json.loads(c.arguments) for c in reply.tool_calls] == [{"name": "a</tool_call>b"}] * text.count(call)
+        assert reply.content == ("Sure." if text.startswith("Sure.") else None)
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "expected"),
+    [
+        (HERMES, 'Hi <tool_call>\n{"name": "User", "arguments": {"name": "An', ("User", '{"name": "An')),
+        (HERMES, '<tool_call>\n{"name": "Us', ("Us", "")),
+        (HERMES, "<tool_call>\n", ("", "")),
+        (LLAMA3_JSON, '{"name": "get_time", "parameters": {}}; {"name": "User", "parameters": {"a', ("User", '{"a')),
+    ],
+)
+def test_a_call_cut_by_max_tokens_is_a_partial_call(parser: str, text: str, expected: tuple[str, str]) -> None:
+    reply = parse_reply(parser, text, "r:0", is_cut=True)
+    assert (reply.tool_calls[-1].name, reply.tool_calls[-1].arguments) == expected
+    assert "<tool_call>" not in (reply.content or "")
+    assert len(parse_reply(parser, text, "r:0").tool_calls) < len(
+        reply.tool_calls
+    )  # not cut: the unclosed call is text

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 import xgrammar as xgr
+from transformers import PreTrainedTokenizerFast
 
 from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar, ToolFunction
+from tasks.messages.tool_calls import parse_reply
 from worker.engine.grammar.compiler import GrammarCompiler, GrammarError
 
 logger = logging.getLogger(__name__)
@@ -54,6 +57,44 @@ def test_tool_calls_follow_the_parser_format_and_the_argument_schema(tiny_model_
     assert accepts(many, call + "\n" + call)
     llama = grammars.compile(ToolCallGrammar("llama3_json", (weather,), is_parallel=False).to_spec("tool_choice"))
     assert accepts(llama, '{"name": "get_weather", "parameters": {"city": "Paris"}}')
+
+
+def test_auto_mode_allows_text_and_holds_each_started_call(tiny_model_dir: Path) -> None:
+    weather = ToolFunction("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>"}}\n</tool_call>'
+    grammars = compiler(tiny_model_dir)
+    auto = grammars.compile(ToolCallGrammar("hermes", (weather,), True, is_triggered=True).to_spec("tools"))
+    assert accepts(auto, "It is sunny.") and accepts(auto, "Let me look. " + call + "\n" + call)
+    assert not accepts(auto, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert not accepts(auto, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "windy"}')
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_started_call_ends_as_a_valid_call_whatever_the_weights(tiny_model_dir: Path, seed: int) -> None:
+    """Any token the grammar allows may be the one sampled: random choices among them stand for any weights."""
+    name, age = {"type": "string", "maxLength": 8}, {"type": "integer", "minimum": 0, "maximum": 150}
+    user = {"type": "object", "properties": {"name": name, "age": age}}
+    user |= {"required": ["name", "age"]}
+    functions = (ToolFunction("User", user), ToolFunction("get_time", {"type": "object", "properties": {}}))
+    grammars = compiler(tiny_model_dir)
+    auto = grammars.compile(ToolCallGrammar("hermes", functions, False, is_triggered=True).to_spec("tools"))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tiny_model_dir)
+    matcher, bitmask = xgr.GrammarMatcher(auto), xgr.allocate_token_bitmask(1, 2048)
+    assert matcher.accept_string("Sure. <tool_call>")
+    generator, token_ids = torch.Generator().manual_seed(seed), []
+    while not matcher.is_terminated() and len(token_ids) < 400:
+        matcher.fill_next_token_bitmask(bitmask)
+        allowed = [t for t in range(len(tokenizer)) if bitmask[0, t // 32] >> (t % 32) & 1]
+        token_id = allowed[int(torch.randint(len(allowed), (1,), generator=generator))]
+        if token_id == EOT_ID:
+            break
+        assert matcher.accept_token(token_id)
+        token_ids.append(token_id)
+    text = "Sure. <tool_call>" + tokenizer.decode(token_ids)
+    assert matcher.is_terminated() or token_id == EOT_ID, text  # the call closed, and only the end may follow
+    reply = parse_reply("hermes", text, "r")
+    assert [call.name in ("User", "get_time") for call in reply.tool_calls] == [True], text
+    assert isinstance(json.loads(reply.tool_calls[0].arguments), dict)
 
 
 def test_a_spec_compiles_once_and_a_failure_is_remembered(tiny_model_dir: Path) -> None:

@@ -7,10 +7,16 @@ from __future__ import annotations
 import json
 
 import xgrammar as xgr
-from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
+from xgrammar.structural_tag import (
+    JSONSchemaFormat,
+    StructuralTag,
+    TagFormat,
+    TagsWithSeparatorFormat,
+    TriggeredTagsFormat,
+)
 
 from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar
-from tasks.messages.tool_calls import HERMES, LLAMA3_JSON
+from tasks.messages.tool_calls import HERMES, HERMES_OPEN, LLAMA3_JSON
 
 ANY_OBJECT = '{"type": "object"}'
 # parser: (a call's text up to its name, from its name to its arguments, after its arguments, between calls)
@@ -18,6 +24,8 @@ CALL_FORMATS = {
     HERMES: ('<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n"),
     LLAMA3_JSON: ('{"name": "', '", "parameters": ', "}", "; "),
 }
+# What starts a call in free text (tool_choice "auto"): the parser's own start marker
+CALL_TRIGGERS = {HERMES: HERMES_OPEN, LLAMA3_JSON: '{"name": "'}
 
 
 def compile_spec(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGrammar:
@@ -49,7 +57,9 @@ def choice_ebnf(choices: list[str]) -> str:
 
 
 def tool_calls_tag(calls: ToolCallGrammar) -> StructuralTag:
-    """One call (or, parallel, one or more) to the offered functions, each with arguments valid for its schema."""
+    """One call (or, parallel, one or more) to the offered functions, each with arguments valid for its schema;
+    triggered, any text, in which each call started goes on as such a call (the end marker may sit inside an argument
+    string: the call ends only where its object does)."""
     name_prefix, arguments_prefix, suffix, separator = CALL_FORMATS[calls.parser]
     tags = [
         TagFormat(
@@ -59,6 +69,10 @@ def tool_calls_tag(calls: ToolCallGrammar) -> StructuralTag:
         )
         for function in calls.functions
     ]
+    if calls.is_triggered:
+        trigger = CALL_TRIGGERS[calls.parser]
+        triggered = TriggeredTagsFormat(triggers=[trigger], tags=tags, stop_after_first=not calls.is_parallel)
+        return StructuralTag(format=triggered)
     calls_format = TagsWithSeparatorFormat(
         tags=tags, separator=separator, at_least_one=True, stop_after_first=not calls.is_parallel
     )
