@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from tasks.config import Config
 from tasks.logs import configure_logging
-from tasks.messages import SamplingParams
+from tasks.messages.generation import SamplingParams
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner
