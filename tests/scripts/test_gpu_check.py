@@ -85,6 +85,7 @@ def test_a_failing_pytest_steps_tracebacks_reach_the_report(tmp_path: Path) -> N
     assert "### (a) tests.x::test_bad" in markdown and "Traceback: boom" in markdown
 
 
+@pytest.mark.timeout(1200)  # every step in sequence: 200 s on an idle 2-core machine, more on a busy one
 def test_the_whole_check_runs_on_a_cpu(tmp_path: Path) -> None:
     """`make gpu-check DEVICE=cpu`: every step at the smallest sizes, and one report that says they passed."""
     out = tmp_path / "check"
