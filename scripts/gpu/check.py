@@ -36,8 +36,8 @@ from scripts.gpu.steps import (
     check_steps,
     run_step,
 )
+from tasks.config import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MIN_VERSIONS = {"torch": (2, 6), "transformers": (5, 0)}
 TINY_MODEL_VARIABLE = "STEERBATCH_TINY_MODEL"  # tests/conftest.py takes a prebuilt tiny model from here
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = {
         "device": reports.device_facts(args.device),
         "versions": reports.package_versions(),
-        "source": reports.source_commit(args.bundle, REPO_ROOT),
+        "source": reports.source_commit(args.bundle),
     }
     not_run = {key: why for key, why in NOT_YET_SERVED.items() if args.steps is None or key in args.steps}
     report = reports.build_report(results, not_run, facts)

@@ -12,6 +12,7 @@ import platform
 import subprocess
 from pathlib import Path
 
+from scripts.gpu.bundle import source_commit as git_commit
 from scripts.gpu.steps import StepResult
 
 VERSIONED_PACKAGES = ("torch", "transformers", "triton", "flash-attn", "xgrammar", "celery", "flask", "sqlalchemy")
@@ -48,15 +49,12 @@ def device_facts(device: str) -> dict[str, object]:
     }
 
 
-def source_commit(bundle: Path | None, repo_root: Path) -> dict[str, object]:
+def source_commit(bundle: Path | None) -> dict[str, object]:
     """The commit of the tree under check: git's where the tree is a checkout, else the bundle's manifest's (the GPU
     machine gets the tree without .git; `make gpu-bundle` records the commit it was made at)."""
-    try:
-        query = ["git", "rev-parse", "HEAD"]
-        commit = subprocess.run(query, cwd=repo_root, capture_output=True, text=True, check=True).stdout.strip()
-        return {"commit": commit, "from": "git"}
-    except (OSError, subprocess.CalledProcessError):
-        pass
+    checkout = git_commit()
+    if checkout["commit"] != "unknown":
+        return {**checkout, "from": "git"}
     if bundle is not None and (bundle / "manifest.json").exists():
         manifest = json.loads((bundle / "manifest.json").read_text())
         return {"commit": manifest["commit"], "dirty": manifest.get("dirty"), "from": "the bundle's manifest"}
