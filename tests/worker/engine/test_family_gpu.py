@@ -24,11 +24,11 @@ from tests.worker.engine.test_engine_attention_variants import (
     greedy_tokens,
 )
 from tests.worker.engine.test_family_greedy import PROMPTS, check_family_matches_hf, family_config
-from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_together
+from tests.worker.engine.test_greedy_dtypes import engine_greedy
+from tests.worker.engine_harness import hf_greedy, load_runner
 from tests.worker.family_configs import LLAMA_SHAPED_FAMILIES, MOE_FAMILIES, OTHER_LAYOUT_FAMILIES, write_family_model
 from tests.worker.greedy_cases import MIN_RUN, clear_cases
 from worker.engine.graphs.graph_mode import has_routed_experts
-from worker.engine.interface import EngineRequest
 from worker.engine.model_support import UnsupportedModelError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -83,9 +83,5 @@ def test_bfloat16_greedy_equals_hf_generate_where_float32_leads_clearly(
     expected = [hf_greedy(bfloat16_reference, frozenset(), prompt, length) for prompt, length in cases]
     assert expected == float32_tokens  # the margins held under HF's own bfloat16
     config = family_config(folder, "auto", device="cuda", dtype="bfloat16")
-    serving = serve(load_runner(config, stops_at_eos=False), config, caplog)
-    engine = next(serving)
-    requests = [EngineRequest(f"req-{i}", prompt, greedy(length)) for i, (prompt, length) in enumerate(cases)]
-    tokens = [collector.token_ids for collector in submit_together(engine, requests)]
-    next(serving, None)
-    assert tokens == expected
+    extended, lengths = [prompt for prompt, _ in cases], [length for _, length in cases]
+    assert engine_greedy(config, extended, lengths, caplog) == expected
