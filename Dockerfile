@@ -1,6 +1,6 @@
 # One image for the api, the worker and Flower; the command picks the role. Its processes run as the unprivileged
 # user `steerbatch`, never as root. The api binds 0.0.0.0 inside the container, so it refuses to start until a key
-# exists (API_KEY, or `python -m scripts.api_keys create`).
+# exists (API_KEY, or `python -m scripts.cli.api_keys create`).
 # For GPUs, point pip at the CUDA build of torch 2.13.0 that matches the host's driver (PIP_INDEX_URL).
 FROM python:3.11-slim
 WORKDIR /app

@@ -22,7 +22,7 @@ $(INSTALLED): pyproject.toml
 model: $(INSTALLED)
 	$(PY) -m scripts.build_tiny_model --out models/tiny
 
-# A 1-layer model with the tiny model's tokenizer: the draft for speculative decoding (bench/speculation.py).
+# A 1-layer model with the tiny model's tokenizer: the draft for speculative decoding (bench/features/speculation.py).
 draft-model: model
 	$(PY) -m scripts.build_tiny_model --out models/tiny-draft --num-layers 1 --tokenizer-from models/tiny
 

@@ -9,12 +9,14 @@ from flask import Flask, Response, g
 
 from api.batches import batch_routes, file_routes
 from api.chat import chat_routes, completion_routes, request_routes, tokenize_routes
+from api.embeddings import routes as embedding_routes
 from api.errors import register_error_handlers
 from api.gate.admission_hooks import register_admission_gate
 from api.gate.admission_slots import AdmissionGate
 from api.gate.auth import authenticate
 from api.gate.request_ids import add_request_id_header
 from api.gate.request_limits import register_request_limits
+from api.messages import routes as message_routes
 from api.models import routes as model_routes
 from api.models.model_info import load_models
 from api.openapi import register_openapi
@@ -61,6 +63,8 @@ def create_app(config: Config | None = None) -> Flask:
         tokenize_routes,
         version_routes,
         response_routes,
+        message_routes,
+        embedding_routes,
     )
     for blueprint in (module.bp for module in blueprints):
         app.register_blueprint(blueprint)

@@ -3,10 +3,11 @@ in one process on the same model, over 32 requests all at t=0 and the same reque
 
     .venv/bin/python -m bench.engine_throughput --model models/tiny [--num-requests 32] [--seed 0]
         [--poisson-rate 24] [--engines naive,static,hf_cb,steerbatch,steerbatch_compiled] [--threads N]
-        [--repeats N] [--out table.md] [--random-config 135m]
+        [--repeats N] [--out table.md] [--random-config 135m [--family qwen3]]
 
 `--random-config SIZE` measures a random-init model of a realistic size instead of `--model` (bench/random_model.py:
-135m is SmolLM-135M's shape with the tiny tokenizer's vocabulary), so that arithmetic, not Python, decides.
+135m is SmolLM-135M's shape with the tiny tokenizer's vocabulary), so that arithmetic, not Python, decides;
+`--family` its architecture (Llama by default).
 
 Every engine decodes greedily and ignores EOS, so each request generates exactly its own number of tokens and
 every engine should produce the tokens of (i); the table counts the requests where it does. Each engine gets a
@@ -32,11 +33,11 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from bench.hf_continuous import HFContinuousBatching, has_continuous_batching
-from bench.hf_generate import NaiveGenerate, StaticBatchGenerate
+from bench.engines.hf_continuous import HFContinuousBatching, has_continuous_batching
+from bench.engines.hf_generate import NaiveGenerate, StaticBatchGenerate
+from bench.engines.steerbatch_engine import SteerbatchEngine
 from bench.metrics import NAIVE_KEY, RunResult, Summary, format_table, summarize
-from bench.random_model import SIZES, random_model_dir
-from bench.steerbatch_engine import SteerbatchEngine
+from bench.random_model import FAMILIES, SIZES, random_model_dir
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import Config
 from worker.engine.model_runner import DTYPES, ModelRunner, read_eos_token_ids
@@ -64,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--random-config", choices=sorted(SIZES), help="a random-init model of this size instead of --model"
     )
+    parser.add_argument("--family", default="llama", choices=FAMILIES, help="the --random-config model's architecture")
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0, help="seeds prompts, lengths and arrivals")
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"))
@@ -246,7 +248,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
     """Runs the selected engines over both workloads; returns the markdown: machine, command, workload, table."""
     torch.set_num_threads(args.threads)
     if args.random_config is not None:
-        args.model = str(random_model_dir(args.random_config, DTYPES[args.dtype]))
+        args.model = str(random_model_dir(args.random_config, DTYPES[args.dtype], family=args.family))
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=DTYPES[args.dtype]).eval()
     workloads = build_workloads(args, model)
     warmup = make_workload(WARMUP, WARMUP_SPEC, model.config.vocab_size, special_token_ids(model), None)

@@ -29,12 +29,12 @@ import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from bench.engine_throughput import BenchEngine, pad_token_id, special_token_ids, summarize_all
+from bench.engines.hf_continuous import HFContinuousBatching, has_continuous_batching
+from bench.engines.hf_generate import NaiveGenerate, StaticCacheGenerate
+from bench.engines.steerbatch_engine import SteerbatchEngine
 from bench.gpu_report import copy_bandwidth, roofline_lines, target_lines, weight_bytes_per_step
-from bench.hf_continuous import HFContinuousBatching, has_continuous_batching
-from bench.hf_generate import NaiveGenerate, StaticCacheGenerate
 from bench.metrics import RunResult, format_table
 from bench.random_model import SIZES, random_model_dir
-from bench.steerbatch_engine import SteerbatchEngine
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import Config
 from worker.engine.model_runner import DTYPES, ModelRunner
@@ -187,9 +187,8 @@ def run_engines(
 
 def skip_reason(key: str, args: argparse.Namespace, model: PreTrainedModel) -> str | None:
     if key == "hf_cb" and not has_continuous_batching(model):
-        return (
-            f"transformers {transformers.__version__} has no continuous batching API as bench/hf_continuous.py uses it"
-        )
+        version = transformers.__version__
+        return f"transformers {version} has no continuous batching API as bench/engines/hf_continuous.py uses it"
     if key == "steerbatch_graphs" and args.device == "cpu":
         from worker.engine.attention.backend import AttentionBackend, unavailable_reason
 

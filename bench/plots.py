@@ -5,8 +5,8 @@
         [--commit abc1234]
 
 --engine-table (the markdown `bench.engine_throughput --out` writes) and --service-load (the JSON
-`bench.service_streams --concurrency-levels ... --json` writes) first replace that section of the data file, noted
-as measured at --commit (default: the checkout's HEAD); --engine-section names the engine section (default
+`bench.service.service_streams --concurrency-levels ... --json` writes) first replace that section of the data file,
+noted as measured at --commit (default: the checkout's HEAD); --engine-section names the engine section (default
 engine_throughput; another, such as engine_throughput_135m, keeps a second model's run beside it). Then the plots are
 drawn from the data file: <engine section>.png for each engine section (output tokens/s of each engine, its median
 round, with the range of its rounds) and service_load.png (TTFT p50 and p99, and output tokens/s, against the number
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=Path("docs/img"))
     parser.add_argument("--engine-table", type=Path, help="bench.engine_throughput's markdown, to import first")
     parser.add_argument("--engine-section", default=ENGINE_SECTION, help="the data file's section it goes to")
-    parser.add_argument("--service-load", type=Path, help="bench.service_streams' load JSON, to import first")
+    parser.add_argument("--service-load", type=Path, help="bench.service.service_streams' load JSON, to import first")
     parser.add_argument("--commit", help="the commit the imported numbers were measured at (default: HEAD)")
     return parser.parse_args(argv)
 

@@ -1,10 +1,12 @@
-"""Random-init Llama-architecture models of realistic sizes, built from a config and saved once, so that benchmarks
-measure arithmetic rather than the tiny model's per-operator overhead. Nothing is downloaded: prompts are random
-token ids, so no tokenizer is needed; the vocabulary and special token ids come from the tiny model's config when
-the preset asks for it.
+"""Random-init models of realistic sizes, built from a config and saved once, so that benchmarks measure arithmetic
+rather than the tiny model's per-operator overhead: a size preset in one of FAMILIES' architectures (Llama by
+default; Qwen3 adds q/k norms to the same shapes). Nothing is downloaded: prompts are random token ids, so no
+tokenizer is needed; the vocabulary and special token ids come from the tiny model's config when the preset asks for
+it.
 
     from bench.random_model import random_model_dir
     path = random_model_dir("135m", torch.float32)  # var/random-models/135m-float32-seed0, built on first use
+    path = random_model_dir("135m", torch.float32, family="qwen3")  # var/random-models/qwen3-135m-float32-seed0
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from tasks.config import REPO_ROOT
 
@@ -48,16 +50,18 @@ SIZES = {
     "1b": ModelSize(2048, 16, 32, 8, 8192, vocab_size=128256),
 }
 LLAMA3_SPECIALS = {"bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": None}
+FAMILIES = ("llama", "qwen3")  # HF model types whose configs take the size's fields under these names
 
 
-def model_config(size: ModelSize) -> LlamaConfig:
-    """A Llama config of `size`, with tied embeddings and a 4,096-token context."""
+def model_config(size: ModelSize, family: str = "llama") -> PretrainedConfig:
+    """A config of `family` at `size`, with tied embeddings and a 4,096-token context."""
     if size.vocab_size is None:
         tiny = json.loads((TINY_MODEL / "config.json").read_text())
         vocab = {key: tiny[key] for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
     else:
         vocab = {"vocab_size": size.vocab_size, **LLAMA3_SPECIALS}
-    return LlamaConfig(
+    return AutoConfig.for_model(
+        family,
         hidden_size=size.hidden_size,
         num_hidden_layers=size.num_layers,
         num_attention_heads=size.num_heads,
@@ -71,26 +75,32 @@ def model_config(size: ModelSize) -> LlamaConfig:
     )
 
 
-def random_model_dir(name: str, dtype: torch.dtype, seed: int = 0, root: Path = CACHE_ROOT) -> Path:
-    """The folder of preset `name`'s random-init model in `dtype`, built (on the GPU when there is one) and saved the
-    first time; loads with AutoModelForCausalLM like any other."""
+def random_model_dir(
+    name: str, dtype: torch.dtype, seed: int = 0, root: Path = CACHE_ROOT, family: str = "llama"
+) -> Path:
+    """The folder of preset `name`'s random-init `family` model in `dtype`, built (on the GPU when there is one) and
+    saved the first time; loads with AutoModelForCausalLM like any other."""
     if name not in SIZES:
         raise ValueError(f"unknown model size {name!r}; choose from {sorted(SIZES)}")
-    out = root / f"{name}-{str(dtype).removeprefix('torch.')}-seed{seed}"
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; choose from {list(FAMILIES)}")
+    prefix = "" if family == "llama" else f"{family}-"  # Llama's folders keep the names they were built under
+    out = root / f"{prefix}{name}-{str(dtype).removeprefix('torch.')}-seed{seed}"
     if (out / DONE_MARKER).exists():
         _add_tiny_tokenizer(SIZES[name], out)
         return out
     started = time.perf_counter()
-    config = model_config(SIZES[name])
+    config = model_config(SIZES[name], family)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+        model = AutoModelForCausalLM.from_config(config).to(dtype)
     model.save_pretrained(out)
     _add_tiny_tokenizer(SIZES[name], out)
     (out / DONE_MARKER).touch()
     logger.info(
-        "built random %s (%.1fM parameters, %s) at %s in %.1fs",
+        "built random %s %s (%.1fM parameters, %s) at %s in %.1fs",
+        family,
         name,
         model.num_parameters() / 1e6,
         dtype,

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from worker.engine.quantization import LOAD_TIME_METHODS
+from worker.engine.loading.quantization import LOAD_TIME_METHODS
 
 logger = logging.getLogger(__name__)
 

@@ -6,11 +6,13 @@ from celery import Celery
 
 from tasks.batches.messages import ChunkTask
 from tasks.config import Config
+from tasks.messages.embeddings import EmbedRequest
 from tasks.messages.generation import GenerateRequest
 from tasks.redis_transport import TRANSPORT
 
 GENERATE_TASK = "steerbatch.generate"
 BATCH_CHUNK_TASK = "steerbatch.batch_chunk"
+EMBED_TASK = "steerbatch.embed"
 
 
 def create_celery(config: Config) -> Celery:
@@ -47,6 +49,11 @@ def create_celery(config: Config) -> Celery:
 def enqueue_generate(app: Celery, config: Config, request: GenerateRequest) -> None:
     """On the interactive queue of the request's model, which only that model's workers consume."""
     app.send_task(GENERATE_TASK, args=[request.to_dict()], queue=config.interactive_queue_of(request.model))
+
+
+def enqueue_embed(app: Celery, config: Config, request: EmbedRequest) -> None:
+    """On the interactive queue of the request's model, like a chat request: the worker holding the model embeds."""
+    app.send_task(EMBED_TASK, args=[request.to_dict()], queue=config.interactive_queue_of(request.model))
 
 
 def enqueue_chunk(app: Celery, config: Config, chunk: ChunkTask) -> None:

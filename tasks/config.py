@@ -36,16 +36,20 @@ class Config:
     request_timeout_s: float = 600.0
     worker_concurrency: int = 32
     worker_lease_s: float = 15.0  # a worker silent this long is dead: its running requests fail
-    # The launcher starts workers this much nicer than itself (`nice -n`), so that where they share CPU cores with the
-    # api the kernel prefers the api; during a burst of admissions it made no difference the measurements could show
-    # (docs/RELIABILITY.md): there the api waits on its own admissions, not on the worker.
-    worker_nice: int = 10
+    # The launcher starts workers this much nicer than itself (`nice -n`). 0 by default: a nicer worker made no
+    # difference the measurements could show during a burst of admissions (docs/RELIABILITY.md), and it starves the
+    # worker, the one process that makes tokens, whenever anything else shares its cores.
+    worker_nice: int = 0
     max_num_seqs: int = 32  # requests the engine runs at once
     max_num_batched_tokens: int = 2048  # tokens per forward pass: the step's budget, decodes and prefill chunks
     prefill_chunk_size: int = 512  # a long prompt is prefilled this many tokens per step, so decodes keep flowing
     kv_block_size: int = 0  # tokens per KV block; 0: 256 for flash-attn's paged kernels, else 16
     kv_cache_tokens: int = 0  # KV pool size; 0: from kv_cache_memory_fraction on cuda, max_num_seqs x context on cpu
     kv_cache_memory_fraction: float = 0.85  # of the device memory left free after loading the model (cuda)
+    # The KV pool's elements: auto (the model's dtype), int8 (a scale per token per KV head) or fp8_e4m3 (a fixed
+    # scale per layer, 1.0): quantized as written, read back by every attention backend but flash_attn, and a pool of
+    # the same bytes holds about 2x the tokens of float16 (4x of float32) (worker/kernels/kv_quant.py).
+    kv_cache_dtype: str = "auto"
     # auto | sdpa | cpu_kernel | triton | flash_attn (worker/engine/attention/backend.py). auto: on CUDA flash_attn
     # when installed, else the Triton paged kernels; on CPU in float32 the C decode kernel (worker/kernels/
     # paged_decode.c, built by the system compiler once per machine; without one, sdpa: gathered blocks and matmuls).
@@ -71,7 +75,7 @@ class Config:
     # auto: the checkpoint's own quantization_config (or float weights); none: float weights only; torchao_int8,
     # torchao_int4, bitsandbytes_8bit, bitsandbytes_4bit: quantize a float checkpoint while it loads; gptq, awq,
     # compressed-tensors, torchao, bitsandbytes: the method the checkpoint must be quantized with
-    # (worker/engine/quantization.py)
+    # (worker/engine/loading/quantization.py)
     quantization: str = "auto"
     dtype: str = (
         "auto"  # auto | float32 | bfloat16 | float16; auto: bfloat16 on cuda (float16 before Ampere), float32 on cpu
@@ -87,11 +91,11 @@ class Config:
     # and --max-num-queued-tokens); 0: no cap.
     max_queued_requests: int = 1024
     max_queued_tokens: int = 0
-    # Generation requests one api process admits at once; one that waits ADMISSION_WAIT_S for its turn gets 429
-    # `server_busy` with staggered retry hints instead of queueing behind the whole burst (api/gate/admission_hooks.py);
-    # 0: no bound.
+    # Generation requests one api process admits at once; the rest of a burst waits in line for a slot, and one whose
+    # turn would not come within ADMISSION_WAIT_S gets 429 `server_busy` with a retry hint for when the line will have
+    # drained (api/gate/admission_slots.py); 0: no bound.
     admission_slots: int = 16
-    admission_wait_s: float = 0.5
+    admission_wait_s: float = 10.0
     # Per API key, a fixed one-minute window; tokens are prompt plus max_tokens, as OpenAI counts them; 0: no limit.
     rate_limit_rpm: int = 0
     rate_limit_tpm: int = 0

@@ -34,6 +34,21 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The running `stack` is on SQLite, and on PostgreSQL too only for tests marked `postgres`: those where the
+    database matters. The store's own tests run on both databases (tests/tasks)."""
+    dropped = [item for item in items if _is_postgres_stack_run(item) and not item.get_closest_marker("postgres")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        kept = set(items) - set(dropped)
+        items[:] = [item for item in items if item in kept]
+
+
+def _is_postgres_stack_run(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("stack") == "postgresql"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -152,8 +167,8 @@ def make_test_config(model_dir: Path, redis_url: str, database_url: str, **overr
 def stack(
     request: pytest.FixtureRequest, tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    """Real processes: a Celery worker holding the tiny model and the api under gunicorn, on each database, with
-    auth on: `api_key` is an admin key of tenant "default" made in its database before it starts."""
+    """Real processes: a Celery worker holding the tiny model and the api under gunicorn, on SQLite (and PostgreSQL for
+    tests marked `postgres`), with auth on: `api_key` is an admin key of tenant "default" made in its database first."""
     from scripts.stack import Stack, launcher_key  # imports redis, which the GPU check's machine lacks
 
     if request.param == "postgresql":

@@ -12,9 +12,10 @@ from kombu import Exchange, Queue
 from transformers import PreTrainedTokenizerFast
 
 from tasks.batches.messages import ChunkTask
-from tasks.celery_app import BATCH_CHUNK_TASK, GENERATE_TASK, create_celery
+from tasks.celery_app import BATCH_CHUNK_TASK, EMBED_TASK, GENERATE_TASK, create_celery
 from tasks.config import Config
 from tasks.logs import configure_logging
+from tasks.messages.embeddings import EmbedRequest
 from tasks.messages.generation import GenerateRequest
 from tasks.reapers.request_reaper import RequestReaper, reaper_interval_s
 from tasks.store.db import make_db_engine, make_session_factory
@@ -22,6 +23,7 @@ from tasks.streams.redis_keys import connect_redis
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.model_runner import ModelRunner
 from worker.serving.bulk import BulkRuntime, start_bulk
+from worker.serving.embeddings.handler import EmbeddingHandler
 from worker.serving.generation import GenerationHandler
 from worker.serving.lease import WorkerLease, incarnation_name
 from worker.serving.metrics import EngineCollector, ServingMetrics, worker_stats
@@ -46,6 +48,7 @@ class WorkerRuntime:
 
 _runtime: list[WorkerRuntime] = []  # filled once by worker_init, before the pool takes tasks
 _bulk: list[BulkRuntime] = []  # the same, for batch chunks, the batch reaper and the stop watcher
+_embeddings: list[EmbeddingHandler] = []  # the same, for embeddings requests
 
 
 @worker_init.connect
@@ -72,7 +75,7 @@ def load_model(sender: WorkController, **_: object) -> None:
         config,
         worker,
         is_healthy=engine.is_alive,
-        read_stats=lambda: worker_stats(worker, config.model_name, runner.quantization.name, engine, metrics.registry),
+        read_stats=lambda: worker_stats(worker, config.model_name, runner, engine, metrics.registry),
         on_error=metrics.count_error,
     )
     lease.start()
@@ -84,6 +87,7 @@ def load_model(sender: WorkController, **_: object) -> None:
     _runtime.append(WorkerRuntime(engine, handler, lease, steering, reaper))
     bulk = start_bulk(config, celery, engine, handler.tokenizer, client, handler.sessions, worker, metrics)
     _bulk.append(bulk)
+    _embeddings.append(EmbeddingHandler(config, engine, handler.tokenizer, client, handler.sessions, worker, metrics))
     logger.info("worker %s ready: %s, up to %d requests per batch", worker, config.model_name, config.max_num_seqs)
 
 
@@ -111,3 +115,10 @@ def run_batch_chunk(payload: dict) -> None:
     if not _bulk:
         raise RuntimeError("the model is not loaded: run this module with `celery -A worker.app worker`")
     _bulk[0].chunks.run(ChunkTask.from_dict(payload))
+
+
+@celery.task(name=EMBED_TASK)
+def embed(payload: dict) -> None:
+    if not _embeddings:
+        raise RuntimeError("the model is not loaded: run this module with `celery -A worker.app worker`")
+    _embeddings[0].handle(EmbedRequest.from_dict(payload))

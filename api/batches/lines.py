@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -11,14 +12,24 @@ from pydantic import Field, ValidationError
 from api.chat.generation import build_generate_request
 from api.chat.prompts import chat_prompt_ids, completion_prompt_ids
 from api.chat.schemas import ChatCompletionRequest, CompletionRequest, StrictModel
+from api.embeddings.embed_request import build_embed_request
+from api.embeddings.schemas import EmbeddingRequest
 from api.errors import APIError, validation_error_info
 from api.gate.body_checks import check_json_values, load_json_object, unsafe_text_reason
+from api.responses.conversation import echoed_params, response_request, stored_items
+from api.responses.schemas import ResponseCreateRequest
 from api.services import model_info_for
 from api.structured.tools import tool_plan
+from tasks.batches.messages import ResponseLine
+from tasks.messages.embeddings import EmbedRequest
 from tasks.messages.generation import Endpoint, ErrorInfo, GenerateRequest
 
 MAX_CUSTOM_ID_LENGTH = 512  # the batch_lines.custom_id column
-URL_ENDPOINTS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS}
+GENERATION_URLS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS}
+EMBEDDINGS_URL, RESPONSES_URL = "/v1/embeddings", "/v1/responses"
+URL_ENDPOINTS = frozenset(
+    {*GENERATION_URLS, EMBEDDINGS_URL, RESPONSES_URL}
+)  # a batch's `endpoint`, every one of its lines' `url`
 
 
 class InputLine(StrictModel):
@@ -34,7 +45,7 @@ class ParsedLine:
 
     line_no: int
     custom_id: str | None
-    request: GenerateRequest | None = None
+    request: GenerateRequest | EmbedRequest | ResponseLine | None = None
     error: dict[str, Any] | None = None
 
 
@@ -80,7 +91,7 @@ def parse_line(
         if line.url != batch_url:
             message = f"url must be the batch's endpoint {batch_url}, not {line.url!r}"
             raise LineError(ErrorInfo(message, param="url", code="invalid_url"))
-        request = generate_request(batch_model, URL_ENDPOINTS[line.url], line.body, tenant)
+        request = line_request(batch_model, line.url, line.body, tenant)
     except LineError as exc:
         return ParsedLine(line_no, custom_id, error=_with_line(exc.info, line_no))
     except ValidationError as exc:
@@ -98,6 +109,44 @@ def _storable_custom_id(value: object) -> str | None:
     return None
 
 
+def line_request(
+    batch_model: str | None, url: str, body: dict[str, Any], tenant: str
+) -> GenerateRequest | EmbedRequest | ResponseLine:
+    """The request one line's body makes, validated like a POST to its `url`."""
+    if url == RESPONSES_URL:
+        return response_line(batch_model, body, tenant)
+    if url != EMBEDDINGS_URL:
+        return generate_request(batch_model, GENERATION_URLS[url], body, tenant)
+    fields = EmbeddingRequest.model_validate(body)
+    info = model_info_for(fields.model)
+    _check_batch_model(batch_model, fields.model)
+    return build_embed_request(info, fields, tenant)
+
+
+def response_line(batch_model: str | None, body: dict[str, Any], tenant: str) -> ResponseLine:
+    """A Responses API body as a batch line: it runs as the chat request it makes interactively; nothing is stored,
+    streamed or run in the background, and it continues no stored response."""
+    fields = ResponseCreateRequest.model_validate(body)
+    for param in ("stream", "background"):
+        if getattr(fields, param):
+            message = f"{param} is not supported in batch requests"
+            raise LineError(ErrorInfo(message, param=param, code="invalid_value"))
+    if fields.previous_response_id is not None:
+        message = "A batch line answers its own input; previous_response_id is not supported in batch requests."
+        raise LineError(ErrorInfo(message, param="previous_response_id", code="invalid_value"))
+    info = model_info_for(fields.model)
+    _check_batch_model(batch_model, fields.model)
+    generate = response_request(info, fields, fields.input, tenant)
+    response_id = "resp_" + uuid.uuid4().hex
+    return ResponseLine(generate, response_id, fields.instructions, stored_items(fields.input), echoed_params(fields))
+
+
+def _check_batch_model(batch_model: str | None, model: str) -> None:
+    if batch_model is not None and model != batch_model:
+        message = f"A batch's lines name one model; earlier lines name {batch_model!r}, this one {model!r}"
+        raise LineError(ErrorInfo(message, param="model", code="model_mismatch"))
+
+
 def generate_request(batch_model: str | None, endpoint: Endpoint, body: dict[str, Any], tenant: str) -> GenerateRequest:
     """The request one line's body makes, validated like a POST to its endpoint; a batch line never streams."""
     fields = (
@@ -108,9 +157,7 @@ def generate_request(batch_model: str | None, endpoint: Endpoint, body: dict[str
     if fields.stream:
         raise LineError(ErrorInfo("stream is not supported in batch requests", param="stream", code="invalid_value"))
     info = model_info_for(fields.model)
-    if batch_model is not None and fields.model != batch_model:
-        message = f"A batch's lines name one model; earlier lines name {batch_model!r}, this one {fields.model!r}"
-        raise LineError(ErrorInfo(message, param="model", code="model_mismatch"))
+    _check_batch_model(batch_model, fields.model)
     if isinstance(fields, ChatCompletionRequest):
         tools = tool_plan(info.tokenizer, fields, info.tool_call_parser)
         prompt_ids = chat_prompt_ids(info.tokenizer, fields.messages, tools.template_tools, fields)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import redis
 
-from api.streaming.sse import sse_frame
+from api.streaming.sse import sse_comment, sse_frame
 from tasks.batches.messages import BatchEvent, BatchEventType
 from tasks.batches.models import TERMINAL_BATCH_STATUSES, BatchStatus
 from tasks.messages.generation import ErrorInfo
@@ -30,7 +30,7 @@ def batch_frames(
                     yield sse_frame(json.dumps(final.to_dict()))
                     yield sse_frame("[DONE]")
                     return
-                yield ": keep-alive\n\n"
+                yield sse_comment("keep-alive")
                 continue
             entry_id, data = item
             yield sse_frame(json.dumps(data), entry_id)

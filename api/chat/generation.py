@@ -75,6 +75,7 @@ def build_generate_request(
         echo_from=echo_start(info.tokenizer, fields),
         prompt_logprobs=fields.prompt_logprobs,
         arrival_time=now,
+        is_legacy_functions=getattr(fields, "functions", None) is not None,
     )
 
 
@@ -96,12 +97,8 @@ def generate(
 
 
 def record_and_enqueue(generate_request: GenerateRequest, body: dict) -> RequestRecord:
-    svc = services()
-    svc.redis.ping()  # Redis down: 503 before anything is written
-    session = db_session()
     sampling = generate_request.sampling
     num_tokens = generate_request.num_prompt_tokens + sampling.max_tokens * generate_request.num_choices
-    admit(session, svc.redis, svc.config, generate_request.model, current_principal().key_name, num_tokens)
     record = RequestRecord(
         id=generate_request.request_id,
         tenant=generate_request.tenant,
@@ -112,15 +109,24 @@ def record_and_enqueue(generate_request: GenerateRequest, body: dict) -> Request
         prompt_tokens=generate_request.num_prompt_tokens,
         created=generate_request.created,
     )
+    svc = services()
+    return admit_and_enqueue(record, num_tokens, lambda: enqueue_generate(svc.celery, svc.config, generate_request))
+
+
+def admit_and_enqueue(record: RequestRecord, num_tokens: int, enqueue: Callable[[], None]) -> RequestRecord:
+    """Admits a request of `num_tokens` (429 otherwise), writes its row, then `enqueue`s its task; a task that could
+    not be queued leaves the row ended with an error."""
+    svc = services()
+    svc.redis.ping()  # Redis down: 503 before anything is written
+    session = db_session()
+    admit(session, svc.redis, svc.config, record.model, current_principal().key_name, num_tokens)
     create_request(session, record)
     logger.info("request %s from key %s (tenant %s)", record.id, current_principal().key_name, record.tenant)
     try:
-        enqueue_generate(svc.celery, svc.config, generate_request)
+        enqueue()
     except Exception:
         error = ErrorInfo("The request could not be queued.", "service_unavailable")
-        record_result(
-            session, generate_request.request_id, text="", completion_tokens=0, finish_reason=None, error=error
-        )
+        record_result(session, record.id, text="", completion_tokens=0, finish_reason=None, error=error)
         raise
     release_admission_slot()  # enqueued: what is left (relaying, waiting) costs the api almost nothing
     return record

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.messages.completions import choice_logprobs_of, completion_body, service_tier_of
+from tasks.messages.completions import (
+    as_legacy_function_calls,
+    choice_logprobs_of,
+    completion_body,
+    service_tier_of,
+)
 from tasks.messages.generation import (
     ChoiceResult,
     Endpoint,
@@ -28,13 +33,15 @@ class StreamMeta:
     created: int
     include_usage: bool
     is_legacy_functions: bool = False  # the request offered `functions`: a call is answered as `function_call`
+    return_token_ids: bool = False  # vLLM's: every DELTA with tokens makes a chunk, carrying their ids
 
     @classmethod
     def of(cls, record: RequestRecord) -> StreamMeta:
         options = record.body.get("stream_options") or {}
         is_legacy = "functions" in record.body
         endpoint = Endpoint(record.endpoint)
-        return cls(record.id, endpoint, record.model, record.created, bool(options.get("include_usage")), is_legacy)
+        include_usage, return_token_ids = bool(options.get("include_usage")), bool(record.body.get("return_token_ids"))
+        return cls(record.id, endpoint, record.model, record.created, include_usage, is_legacy, return_token_ids)
 
     def finish_reason_of(self, event: StreamEvent) -> str | None:
         if self.is_legacy_functions and event.finish_reason == FinishReason.TOOL_CALLS:
@@ -67,19 +74,8 @@ def completion_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]
         tool_parser=tool_parser if may_call else None,
     )
     if "functions" in body:
-        for choice in completion["choices"]:
-            _as_function_call(choice, choice["message"])
+        as_legacy_function_calls(completion)
     return completion
-
-
-def _as_function_call(choice: dict[str, Any], message: dict[str, Any]) -> None:
-    """A legacy `functions` request's call, as OpenAI answers it: `message.function_call` (one call: legacy
-    functions are never parallel) and finish_reason "function_call"."""
-    calls = message.pop("tool_calls", None)
-    if calls:
-        message["function_call"] = calls[0]["function"]
-    if choice["finish_reason"] == FinishReason.TOOL_CALLS.value:
-        choice["finish_reason"] = "function_call"
 
 
 def request_object(record: RequestRecord, tool_parser: str) -> dict[str, Any]:
@@ -123,11 +119,14 @@ def _delta_chunks(meta: StreamMeta, event: StreamEvent) -> list[dict[str, Any]]:
     """New text (with its logprobs), then each tool call entry in a chunk of its own, then the finish reason."""
     finish_reason = meta.finish_reason_of(event)
     chunks = []
-    if event.text or event.logprobs or event.prompt_logprobs or (finish_reason and not event.tool_calls):
+    has_content = event.text or event.logprobs or event.prompt_logprobs or (meta.return_token_ids and event.token_ids)
+    if has_content or (finish_reason and not event.tool_calls):
         logprobs = choice_logprobs_of(meta.endpoint, event.logprobs, event.text_offset) if event.logprobs else None
         delta = {"content": event.text} if event.text or not finish_reason else {}
         last_reason = None if event.tool_calls else finish_reason
         chunk = _chunk(meta, delta, last_reason, text=event.text, logprobs=logprobs, index=event.index)
+        if meta.return_token_ids:
+            chunk["choices"][0]["token_ids"] = list(event.token_ids)
         if event.prompt_logprobs is not None:  # vLLM's: on the choice's first chunk, where chat's response has them
             owner = chunk if meta.endpoint == Endpoint.CHAT else chunk["choices"][0]
             owner["prompt_logprobs"] = event.prompt_logprobs

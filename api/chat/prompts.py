@@ -64,14 +64,15 @@ def _arguments(text: str) -> Any:
 
 
 def completion_prompt_ids(
-    tokenizer: PreTrainedTokenizerFast, prompt: str | list[int], add_special_tokens: bool = True
+    tokenizer: PreTrainedTokenizerFast, prompt: str | list[int], add_special_tokens: bool = True, param: str = "prompt"
 ) -> list[int]:
+    """A text or token-id prompt's ids; a 400 naming `param` for token ids outside the vocabulary."""
     if isinstance(prompt, str):
-        check_prompt_chars(tokenizer, prompt, "prompt")
+        check_prompt_chars(tokenizer, prompt, param)
         return tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
     vocab_size = len(tokenizer)
     if any(not 0 <= token < vocab_size for token in prompt):
-        raise APIError(400, f"prompt token ids must lie in [0, {vocab_size})", param="prompt")
+        raise APIError(400, f"{param} token ids must lie in [0, {vocab_size})", param=param)
     return list(prompt)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import redis
 
 from api.chat.objects import StreamMeta, stream_chunks
-from api.streaming.sse import DONE, RETRY_MS, ResumePoint, frame_id, sse_frame
+from api.streaming.sse import DONE, RETRY_MS, ResumePoint, frame_id, sse_comment, sse_frame
 from tasks.messages.generation import ErrorInfo, EventType, StreamEvent
 from tasks.streams.events import DeadlinePassed, JsonReader, follow_events
 
@@ -35,7 +35,7 @@ def relay_frames(
     comment goes out at once: it sends the response's headers, so a client knows its request was admitted before the
     first token exists. The first frame carries `retry:` (a block of `retry:` alone would reach the openai client as
     an event with empty data); an error frame carries the id of the frame before it."""
-    yield ": admitted\n\n"
+    yield sse_comment("admitted")
     start = ResumePoint.parse(after_id)
     sent_id = after_id
     retry_ms: int | None = RETRY_MS
@@ -43,7 +43,7 @@ def relay_frames(
         events = follow_events(read, key, start.read_after, idle_s=heartbeat_s, timeout_s=timeout_s, on_idle=on_idle)
         for item in events:
             if item is None:
-                yield ": keep-alive\n\n"
+                yield sse_comment("keep-alive")
                 continue
             for sent_id, payload in _frames_to_send(meta, *item, start):
                 yield sse_frame(payload, sent_id, retry_ms)

@@ -10,6 +10,7 @@ from api.errors import APIError
 from api.gate.auth import current_principal
 from api.services import db_session, services
 from api.streaming.sse import DONE, FRAME_ID, ResumePoint, last_event_id, sse_frame, sse_response
+from tasks.messages.embeddings import EMBEDDINGS_ENDPOINT
 from tasks.store.models import RequestRecord
 from tasks.store.request_store import get_owned_request
 from tasks.streams.redis_keys import RedisKeys
@@ -20,7 +21,7 @@ bp = Blueprint("requests", __name__)
 def _find(request_id: str) -> RequestRecord:
     """The caller's request; another tenant's gets the same 404 as a missing one, so ids leak nothing."""
     record = get_owned_request(db_session(), request_id, current_principal().tenant)
-    if record is None:
+    if record is None or record.endpoint == EMBEDDINGS_ENDPOINT:  # an embeddings request has no completion to show
         raise APIError(404, f"No request with id `{request_id}`.", param="request_id", code="not_found")
     return record
 

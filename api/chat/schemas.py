@@ -93,6 +93,8 @@ class GenerationFields(StructuredFields, OpenAIExtras, DetokenizeFields):
     # OpenAI's token id (a string, as JSON keys are) -> bias; vLLM's prompt logprobs (this many alternatives)
     logit_bias: dict[str, float] | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # vLLM's: each streamed chunk carries its tokens' ids, and every event with tokens makes a chunk, text or not
+    return_token_ids: bool = False
 
     @field_validator("logit_bias")
     @classmethod
@@ -120,6 +122,13 @@ class GenerationFields(StructuredFields, OpenAIExtras, DetokenizeFields):
         if options is not None and not info.data.get("stream"):
             raise ValueError("stream_options is only allowed when stream is true")
         return options
+
+    @field_validator("return_token_ids")
+    @classmethod
+    def _check_return_token_ids(cls, is_asked: bool, info: ValidationInfo) -> bool:
+        if is_asked and not info.data.get("stream"):  # a stored result keeps its text, not its token ids
+            raise ValueError("return_token_ids is only supported when stream is true")
+        return is_asked
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

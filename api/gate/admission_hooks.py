@@ -1,6 +1,7 @@
 """The admission gate's hooks on the app: a generation request takes one of the process's slots
-(`api/gate/admission_slots.py`) before anything else is done for it, or is refused with 429 `server_busy` and a
-staggered retry hint; the slot goes back once the request is enqueued, or when its view ends."""
+(`api/gate/admission_slots.py`) before anything else is done for it, waiting in line for its turn, or, when its turn
+would not come within ADMISSION_WAIT_S, is refused with 429 `server_busy` and a retry hint for when it would; the slot
+goes back once the request is enqueued, or when its view ends."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ from api.services import services
 
 # The views that admit generation: each takes a slot before authentication, so a burst waits on the gate, not on
 # the SQL pool that /health and every other route share.
-GATED_ENDPOINTS = frozenset({"chat.create_chat_completion", "completions.create_completion", "responses.create"})
+GATED_ENDPOINTS = frozenset(
+    {
+        "chat.create_chat_completion",
+        "completions.create_completion",
+        "responses.create",
+        "messages.create",
+        "embeddings.create_embedding",
+    }
+)
 
 
 def register_admission_gate(app: Flask) -> None:

@@ -1,6 +1,7 @@
-"""Every route but the health probes, /openapi.json and /docs needs `Authorization: Bearer <key>`. The key's tenant
-owns what a request creates and is all it can see; its scope says whether it may change what every tenant gets (the
-worker-wide steering profile and monitor). No key is ever logged: its name is.
+"""Every route but the health probes, /openapi.json and /docs needs `Authorization: Bearer <key>` (or `x-api-key:
+<key>`, as Anthropic's clients send it). The key's tenant owns what a request creates and is all it can see; its scope
+says whether it may change what every tenant gets (the worker-wide steering profile and monitor). No key is ever
+logged: its name is.
 
 Open mode: while no key exists at all (no API_KEY, no unrevoked key in SQL), an api bound to loopback serves its own
 machine's clients as tenant "default" with admin scope. api/gate/exposure.py refuses to start on any other address."""
@@ -79,9 +80,12 @@ def _refuse(key: str | None) -> NoReturn:
 
 
 def _bearer_key() -> str | None:
+    """`Authorization: Bearer <key>`, or else Anthropic's `x-api-key: <key>` (what its SDKs send)."""
     scheme, _, key = request.headers.get("Authorization", "").strip().partition(" ")
     key = key.strip()
-    return key if scheme.lower() == "bearer" and key else None
+    if scheme.lower() == "bearer" and key:
+        return key
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def _principal_for(key: str) -> Principal | None:

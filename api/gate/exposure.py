@@ -37,12 +37,12 @@ def check_exposure(config: Config, hosts: list[str]) -> None:
     if exposed:
         raise RuntimeError(
             f"refusing to serve on {', '.join(exposed)} with no API key: anyone who can reach it could use it. "
-            "Create a key (python -m scripts.api_keys create --name NAME --admin), set API_KEY, "
+            "Create a key (python -m scripts.cli.api_keys create --name NAME --admin), set API_KEY, "
             "or bind a loopback address (HOST=127.0.0.1)."
         )
     logger.warning(
         "no API key exists: the api is open to clients on this machine, all as tenant %r with admin scope. "
-        "Create one with: python -m scripts.api_keys create --name NAME --admin",
+        "Create one with: python -m scripts.cli.api_keys create --name NAME --admin",
         DEFAULT_TENANT,
     )
 

@@ -26,6 +26,8 @@ def _model(model: ModelState, now: float) -> dict[str, Any]:
             {
                 "name": worker.worker,
                 "quantization": worker.quantization,
+                "kv_cache_dtype": worker.kv_cache_dtype,
+                "kv_cache_tokens": worker.kv_cache_tokens,
                 "heartbeat_age_s": round(worker.heartbeat_age_s(now), 3),
                 "num_requests_running": worker.num_running,
                 "num_requests_waiting": worker.num_waiting,

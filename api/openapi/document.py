@@ -15,17 +15,22 @@ from werkzeug.routing import Rule
 
 from api.gate.auth import OPEN_ENDPOINTS
 from api.openapi.completion_objects import ErrorResponse
-from api.openapi.operation import ERROR_DESCRIPTIONS, RETRY_AFTER_CODES, Operation
+from api.openapi.operation import ERROR_DESCRIPTIONS, GUNICORN_ERRORS, RETRY_AFTER_CODES, Operation
 from api.openapi.routes import OPERATIONS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 DOCUMENTED_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")  # Flask's automatic HEAD and OPTIONS are left out
-SECURITY_SCHEME = "bearerAuth"
+SECURITY_SCHEMES = {  # either one: the key as a bearer token, or as Anthropic's clients send it
+    "bearerAuth": {"type": "http", "scheme": "bearer"},
+    "apiKeyAuth": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+}
 _PATH_ARGUMENT = re.compile(r"<(?:[^:<>]+:)?([^:<>]+)>")  # "<path:model_id>" -> "model_id"
 DESCRIPTION = (
-    "OpenAI-compatible chat, completions, responses, files and batches, with per-request SAE steering and "
-    "monitoring. Every route but /health, /health/ready, /openapi.json and /docs needs `Authorization: Bearer <key>` "
-    '(/metrics an admin key). Errors are in OpenAI\'s shape: `{"error": {"message", "type", "param", "code"}}`.'
+    "OpenAI-compatible chat, completions, responses, files and batches, and Anthropic's Messages API, with "
+    "per-request SAE steering and monitoring. Every route but /health, /health/ready, /openapi.json and /docs needs "
+    "`Authorization: Bearer <key>` or `x-api-key: <key>` (/metrics an admin key). Errors are in OpenAI's shape: "
+    '`{"error": {"message", "type", "param", "code"}}`; on /v1/messages in Anthropic\'s: '
+    '`{"type": "error", "error": {"type", "message"}}`.'
 )
 Refs = dict[tuple[type[BaseModel], JsonSchemaMode], dict[str, str]]
 
@@ -48,9 +53,9 @@ def openapi_document(app: Flask, model_name: str) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": schemas,
-            "securitySchemes": {SECURITY_SCHEME: {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": SECURITY_SCHEMES,
         },
-        "security": [{SECURITY_SCHEME: []}],
+        "security": [{name: []} for name in SECURITY_SCHEMES],
     }
 
 
@@ -130,8 +135,9 @@ def _responses(operation: Operation, refs: Refs, *, is_public: bool) -> dict[str
         content[operation.content_type] = {"schema": {"type": "string", "format": "binary"}}
     responses: dict[str, Any] = {"200": {"description": "OK", "content": content}}
     error_schema = refs[ErrorResponse, "serialization"]
+    own_error_schema = refs[operation.error or ErrorResponse, "serialization"]
     for code in operation.error_codes(is_public=is_public):
-        schema = error_schema
+        schema = error_schema if code in GUNICORN_ERRORS else own_error_schema
         if code == 503 and operation.unavailable is not None:
             schema = {"anyOf": [refs[operation.unavailable, "serialization"], error_schema]}
         response = {"description": ERROR_DESCRIPTIONS[code], "content": {"application/json": {"schema": schema}}}
@@ -151,8 +157,8 @@ def _event_stream(models: tuple[type[BaseModel], ...], refs: Refs, is_done_termi
     ending = "the last is `[DONE]`" if is_done_terminated else "`event` is its `type`"
     event = {
         "type": "object",
-        "description": f"One event: `data` is a JSON {names}, and {ending}; `id` resumes the stream after this "
-        "event as Last-Event-ID.",
+        "description": f"One event: `data` is a JSON {names}, and {ending}; `id`, where events have one, resumes "
+        "the stream after this event as Last-Event-ID.",
         "properties": {
             "data": data,
             "id": {"type": "string"},

@@ -29,6 +29,7 @@ ERROR_DESCRIPTIONS = {
     504: "The request timed out and was cancelled",
 }
 RETRY_AFTER_CODES = (429, 503)
+GUNICORN_ERRORS = (414, 431)  # answered before the app sees the request: always OpenAI's shape
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class Operation:
     `is_done_terminated`: the stream ends with `data: [DONE]` (the Responses API's ends with its terminal event);
     `content_type`: a 200 of another media type; `unavailable`: the route's own 503 body, besides the error one;
     `example`: a request body for the served model's name; `links`: OpenAPI links to the routes that take the
-    created object's id (a fuzzer follows them: create, then read, then delete)."""
+    created object's id (a fuzzer follows them: create, then read, then delete); `error`: the route's error body, when
+    it is not OpenAI's (the Messages API answers in Anthropic's shape)."""
 
     summary: str
     tag: str
@@ -53,6 +55,7 @@ class Operation:
     errors: tuple[int, ...] = ()
     example: Callable[[str], dict[str, Any]] | None = None
     links: tuple[str, ...] = ()  # endpoints whose path parameter takes this 200's `id`
+    error: type[BaseModel] | None = None  # None: OpenAI's ErrorResponse
 
     @property
     def request_models(self) -> list[type[BaseModel]]:
@@ -60,7 +63,7 @@ class Operation:
 
     @property
     def response_models(self) -> list[type[BaseModel]]:
-        return [model for model in (self.response, *self.stream, self.unavailable) if model is not None]
+        return [model for model in (self.response, *self.stream, self.unavailable, self.error) if model is not None]
 
     def error_codes(self, *, is_public: bool) -> list[int]:
         """`is_public`: served without a key (api/gate/auth.py's OPEN_ENDPOINTS), so never a 401."""

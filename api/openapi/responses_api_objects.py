@@ -1,6 +1,6 @@
 """The Responses API's `response` object and its typed stream events as pydantic models, for the OpenAPI document only:
-api/responses/objects.py and api/responses/events.py build them as dicts; the schemathesis run checks that they
-agree."""
+tasks/messages/response_objects.py and api/responses/events.py build them as dicts; the schemathesis run checks that
+they agree."""
 
 from __future__ import annotations
 

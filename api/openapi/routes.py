@@ -11,8 +11,12 @@ from api.batches import file_routes
 from api.batches.batch_routes import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, BatchCreate
 from api.chat.schemas import ChatCompletionRequest, CompletionRequest
 from api.chat.tokenize_routes import Detokenize
+from api.embeddings.schemas import EmbeddingRequest
 from api.gate.idempotency import MAX_KEY_LENGTH
+from api.messages.schemas import MessageCountTokensRequest, MessageCreateRequest
 from api.openapi import completion_objects as gen
+from api.openapi import embedding_objects as emb
+from api.openapi import messages_api_objects as msg
 from api.openapi import resource_objects as res
 from api.openapi import responses_api_objects as resp
 from api.openapi import server_objects as srv
@@ -78,6 +82,18 @@ def response_example(model: str) -> dict[str, Any]:
     return {"model": model, "input": "Say hello.", "max_output_tokens": 8}
 
 
+def message_example(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+
+
+def count_tokens_example(model: str) -> dict[str, Any]:
+    return {"model": model, "system": "Be brief.", "messages": [{"role": "user", "content": "Say hello."}]}
+
+
+def embedding_example(model: str) -> dict[str, Any]:
+    return {"model": model, "input": ["Once upon a time", "The end"], "encoding_format": "float"}
+
+
 def tokenize_example(model: str) -> dict[str, Any]:
     return {"model": model, "prompt": "Once upon a time", "return_token_strs": True}
 
@@ -97,6 +113,10 @@ OPERATIONS: dict[str, Operation] = {
         stream=(gen.TextCompletionChunk, gen.ErrorResponse), errors=GENERATION_ERRORS, example=completion_example,
         links=REQUEST_LINKS,
     ),
+    "embeddings.create_embedding": Operation(
+        "Create embeddings", "embeddings", emb.EmbeddingList, EmbeddingRequest, errors=(*GENERATION_ERRORS, 409),
+        example=embedding_example,
+    ),
     "responses.create": Operation(
         "Create a response", "responses", resp.ResponseObject, ResponseCreateRequest, stream=resp.RESPONSE_EVENTS,
         is_done_terminated=False, errors=GENERATION_ERRORS, example=response_example, links=RESPONSE_LINKS,
@@ -115,6 +135,15 @@ OPERATIONS: dict[str, Operation] = {
     ),
     "responses.cancel": Operation("Cancel a background response", "responses", resp.ResponseObject, errors=(404,)),
     "responses.delete": Operation("Delete a response", "responses", resp.ResponseDeleted, errors=(404,)),
+    "messages.create": Operation(
+        "Create a message (Anthropic's Messages API)", "messages", msg.Message, MessageCreateRequest,
+        stream=msg.MESSAGE_EVENTS, is_done_terminated=False, errors=GENERATION_ERRORS, example=message_example,
+        error=msg.AnthropicErrorResponse,
+    ),
+    "messages.count_tokens": Operation(
+        "Count a message's input tokens (Anthropic's)", "messages", msg.MessageTokenCount, MessageCountTokensRequest,
+        errors=(404, 413), example=count_tokens_example, error=msg.AnthropicErrorResponse,
+    ),
     "tokenize.tokenize": Operation("Tokenize a prompt or chat messages (vLLM's)", "tokenize", srv.Tokenized,
                                    srv.TokenizeRequest, errors=(404, 413), example=tokenize_example),
     "tokenize.detokenize": Operation("Detokenize token ids (vLLM's)", "tokenize", srv.Detokenized, Detokenize,

@@ -5,14 +5,16 @@ so the chat path's templates, grammars and tool parsing serve both."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from pydantic import BaseModel
 
+from api.chat.generation import build_generate_request
+from api.chat.param_names import callers_params
+from api.chat.prompts import chat_prompt_ids
 from api.chat.schemas import ChatCompletionRequest
-from api.errors import APIError
+from api.models.model_info import ModelInfo
 from api.responses.schemas import (
     INPUT_ITEMS,
     AllowedToolsToolChoice,
@@ -25,6 +27,8 @@ from api.responses.schemas import (
     TextFormatJsonSchema,
     ToolChoice,
 )
+from api.structured.tools import tool_plan
+from tasks.messages.generation import Endpoint, GenerateRequest
 
 # Where the chat path names a field of the chat request, the caller sent this field of theirs.
 CHAT_PARAMS = (
@@ -36,6 +40,16 @@ CHAT_PARAMS = (
     (re.compile(r"^max_(completion_)?tokens$"), "max_output_tokens"),
 )
 DEFAULT_TEXT = {"format": {"type": "text"}}
+
+
+def response_request(info: ModelInfo, body: ResponseCreateRequest, items: list[Any], tenant: str) -> GenerateRequest:
+    """The worker's request for `body` answering `items`, built and checked as chat's is; its 400s name the caller's
+    fields."""
+    with responses_params():
+        chat = chat_request(body, items)
+        tools = tool_plan(info.tokenizer, chat, info.tool_call_parser)
+        prompt_ids = chat_prompt_ids(info.tokenizer, chat.messages, tools.template_tools)
+        return build_generate_request(info, Endpoint.CHAT, chat, prompt_ids, tenant, tools)
 
 
 def chat_request(body: ResponseCreateRequest, items: list[Any]) -> ChatCompletionRequest:
@@ -105,26 +119,9 @@ def echoed_params(body: ResponseCreateRequest) -> dict[str, Any]:
     }
 
 
-@contextmanager
-def responses_params() -> Iterator[None]:
+def responses_params() -> AbstractContextManager[None]:
     """A 400 the chat path raises names the caller's field (`input`, `text.format`, ...), not chat's."""
-    try:
-        yield
-    except APIError as exc:
-        param = exc.info.param
-        if param is None:
-            raise
-        renamed = _renamed(param)
-        message = str(exc).replace(param, renamed)
-        info = exc.info
-        raise APIError(exc.status, message, type=info.type, param=renamed, code=info.code, headers=exc.headers) from exc
-
-
-def _renamed(param: str) -> str:
-    for pattern, replacement in CHAT_PARAMS:
-        if pattern.match(param):
-            return pattern.sub(replacement, param, count=1)
-    return param
+    return callers_params(CHAT_PARAMS)
 
 
 def _chat_tool(function: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.responses.objects import function_call_item, message_item, response_object, text_part
 from tasks.messages.generation import ErrorInfo, EventType, FinishReason, StreamEvent
+from tasks.messages.response_objects import function_call_item, message_item, response_object, text_part
 from tasks.store.response_models import ResponseRecord
 
 TERMINAL_EVENTS = {

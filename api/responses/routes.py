@@ -14,24 +14,19 @@ from sqlalchemy.orm import Session
 
 from api.batches.pages import cursor_page, page_limit
 from api.chat.generation import (
-    build_generate_request,
     cancel_generation,
     record_and_enqueue,
     wait_for_finished,
 )
-from api.chat.prompts import chat_prompt_ids
 from api.errors import APIError
 from api.gate.auth import current_principal
 from api.gate.request_limits import read_json_object
-from api.models.model_info import ModelInfo
-from api.responses.conversation import chat_request, echoed_params, read_items, responses_params, stored_items
-from api.responses.objects import input_item_objects, output_items, response_object
+from api.responses.conversation import echoed_params, read_items, response_request, stored_items
 from api.responses.schemas import ResponseCreateRequest
 from api.responses.stream import FROM_START, response_frames, starting_after
 from api.services import db_session, model_info_for, services
 from api.streaming.sse import resumable_response, sse_response
-from api.structured.tools import tool_plan
-from tasks.messages.generation import Endpoint, GenerateRequest
+from tasks.messages.response_objects import input_item_objects, output_items, response_object
 from tasks.store.response_models import ResponseRecord
 from tasks.store.response_store import create_response, delete_response, get_owned_response
 from tasks.streams.attachments import attach
@@ -52,7 +47,7 @@ def create() -> Response:
     if create_request.background and not create_request.store:
         raise APIError(400, "A background response must be stored: store cannot be false.", param="background")
     items = _conversation(create_request.previous_response_id) + create_request.input
-    request_record = record_and_enqueue(_generate_request(info, create_request, items), body)
+    request_record = record_and_enqueue(response_request(info, create_request, items, current_principal().tenant), body)
     record = ResponseRecord(
         id="resp_" + uuid.uuid4().hex,
         tenant=request_record.tenant,
@@ -72,15 +67,6 @@ def create() -> Response:
     if create_request.background:
         return jsonify(_object(record))
     return _wait(record)
-
-
-def _generate_request(info: ModelInfo, create_request: ResponseCreateRequest, items: list[Any]) -> GenerateRequest:
-    """The worker's request, built and checked as chat's is; its 400s name the caller's fields."""
-    with responses_params():
-        chat = chat_request(create_request, items)
-        tools = tool_plan(info.tokenizer, chat, info.tool_call_parser)
-        prompt_ids = chat_prompt_ids(info.tokenizer, chat.messages, tools.template_tools)
-        return build_generate_request(info, Endpoint.CHAT, chat, prompt_ids, current_principal().tenant, tools)
 
 
 @bp.get("/v1/responses/<response_id>")

@@ -1,34 +1,27 @@
 """A response's typed events as Server-Sent Events: `event: <type>`, `id: <sequence_number>`, `data: <event>`.
 
-They are made from the request's Redis stream, read from its start through the stream hub (tasks/streams/events.py
-follow_events), so a client resumes with `starting_after` (or Last-Event-ID) and is sent exactly the events after
-it."""
+They are made from the request's Redis stream, read from its start (api/streaming/typed_events.py), so a client
+resumes with `starting_after` (or Last-Event-ID) and is sent exactly the events after it."""
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import redis
 from flask import request
 
 from api.errors import APIError
 from api.responses.events import ResponseEvents
 from api.services import services
-from api.streaming.sse import sse_frame
+from api.streaming.sse import sse_comment, sse_frame
+from api.streaming.typed_events import translated_events
 from tasks.messages.generation import ErrorInfo
-from tasks.reapers.orphans import settle_quiet_request
 from tasks.store.response_models import ResponseRecord
-from tasks.streams.events import STREAM_START, DeadlinePassed, follow_events
-from tasks.streams.redis_keys import RedisKeys
 
-logger = logging.getLogger(__name__)
 FROM_START = -1  # no event sent yet
 SEQUENCE_NUMBER = re.compile(r"[0-9]{1,18}")
-TIMED_OUT = ErrorInfo("The response timed out.", "timeout", None, "timeout")
 INTERRUPTED = ErrorInfo(
     "The event stream was interrupted; resume with starting_after.", "service_unavailable", None, "service_unavailable"
 )
@@ -55,31 +48,15 @@ def response_frames(
 ) -> Iterator[str]:
     """Frames of the events numbered after `after`, through the response's terminal event; a comment whenever the
     heartbeat passes quietly (and at once, so the client has the headers before the first token)."""
-    svc = services()
-    events = ResponseEvents(record, svc.config.tool_call_parser, load)
+    events = ResponseEvents(record, services().config.tool_call_parser, load)
 
     def after_resume_point(typed: list[dict[str, Any]]) -> Iterator[str]:
         yield from (event_frame(event) for event in typed if event["sequence_number"] > after)
 
-    yield ": admitted\n\n"
+    yield sse_comment("admitted")
     yield from after_resume_point(events.opening())
-    key = RedisKeys(svc.config.redis_prefix).request_stream(record.request_id)
-    try:
-        for item in follow_events(
-            svc.streams.read_json,
-            key,
-            STREAM_START,
-            idle_s=svc.config.sse_heartbeat_s,
-            timeout_s=svc.config.request_timeout_s,
-            on_idle=lambda: settle_quiet_request(svc.sessions, svc.redis, svc.config, record.request_id),
-        ):
-            if item is None:
-                yield ": keep-alive\n\n"
-                continue
-            yield from after_resume_point(events.translate(item[1]))
-    except DeadlinePassed:
-        on_timeout()
-        yield from after_resume_point(events.error(TIMED_OUT))
-    except redis.exceptions.RedisError as exc:
-        logger.warning("stream of %s broke off: %s", record.id, exc)
-        yield from after_resume_point(events.error(INTERRUPTED))
+    for typed in translated_events(record.request_id, events, on_timeout, INTERRUPTED):
+        if typed is None:
+            yield sse_comment("keep-alive")
+        else:
+            yield from after_resume_point(typed)

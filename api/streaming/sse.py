@@ -76,6 +76,13 @@ def frame_id(entry_id: str, index: int, num_frames: int) -> str:
     return entry_id if index == num_frames - 1 else f"{entry_id}:{index + 1}"
 
 
+def sse_comment(text: str) -> str:
+    """A comment line with no blank line after it. The `openai` client's SSE decoder never forgets the last event id,
+    so once a frame carried one, a blank line after a comment is an event to it, with empty data, which it then fails
+    to parse as JSON: a keep-alive in the middle of a stream ended the client's stream with JSONDecodeError."""
+    return f": {text}\n"
+
+
 def sse_frame(data: str, event_id: str | None = None, retry_ms: int | None = None) -> str:
     prefix = f"id: {event_id}\n" if event_id else ""
     if retry_ms is not None:

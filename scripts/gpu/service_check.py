@@ -19,7 +19,14 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from bench.batch_stack import bench_config, client_for, completion_lines, create_batch, random_prompts, running_stack
+from bench.service.batch_stack import (
+    bench_config,
+    client_for,
+    completion_lines,
+    create_batch,
+    random_prompts,
+    running_stack,
+)
 from bench.workload import WorkloadSpec
 from scripts.stack import Stack
 from tasks.config import Config

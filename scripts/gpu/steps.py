@@ -15,15 +15,15 @@ from pathlib import Path
 
 KERNEL_TEST_FILES = (
     "tests/worker/kernels/test_triton_attention.py",
-    "tests/worker/engine/test_paged_attention_gpu.py",
-    "tests/worker/engine/test_greedy_dtypes.py",
-    "tests/worker/engine/test_host_syncs.py",
+    "tests/worker/engine/attention/test_paged_attention_gpu.py",
+    "tests/worker/engine/families/test_greedy_dtypes.py",
+    "tests/worker/engine/sampling/test_host_syncs.py",
 )
-GRAPH_TEST_FILES = ("tests/worker/engine/test_decode_graphs.py",)
+GRAPH_TEST_FILES = ("tests/worker/engine/graphs/test_decode_graphs.py",)
 # Every family against HF: on CUDA in float32 and bfloat16 (the gpu-marked file); on a CPU on every CPU backend.
 FAMILY_TEST_FILES = {
-    "cuda": ("tests/worker/engine/test_family_gpu.py",),
-    "cpu": ("tests/worker/engine/test_family_greedy.py",),
+    "cuda": ("tests/worker/engine/families/test_family_gpu.py",),
+    "cpu": ("tests/worker/engine/families/test_family_greedy.py",),
 }
 GPU_TEST_FILES = (*KERNEL_TEST_FILES, *FAMILY_TEST_FILES["cuda"], *GRAPH_TEST_FILES)
 ENGINE_BENCH_MODULE = "bench.gpu"
@@ -90,8 +90,8 @@ def check_steps(device: str, out_dir: Path, scratch: Path, model_dir: Path) -> l
              (python, "-m", ENGINE_BENCH_MODULE, "--device", device, *engine_bench,
               "--out", str(out_dir / "engine.md")),
              420, report_path=out_dir / "engine.md"),
-        Step("f", "the service against the engine in process: bench/service_streams.py",
-             (python, "-m", "bench.service_streams", "--out", str(out_dir / "streams.md"), *service_bench), 300,
+        Step("f", "the service against the engine in process: bench/service/service_streams.py",
+             (python, "-m", "bench.service.service_streams", "--out", str(out_dir / "streams.md"), *service_bench), 300,
              env={"DEVICE": device}, report_path=out_dir / "streams.md"),
     ]  # fmt: skip
 

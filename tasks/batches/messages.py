@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from tasks.messages.generation import GenerateRequest
+
 
 @dataclass(frozen=True)
 class ChunkTask:
@@ -22,6 +24,34 @@ class ChunkTask:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChunkTask:
         return cls(batch_id=data["batch_id"], chunk_id=data["chunk_id"], model=data["model"])
+
+
+@dataclass(frozen=True)
+class ResponseLine:
+    """A /v1/responses batch line: the chat request it runs as (what the worker reads of the ledger row), and what
+    its output line's response object shows besides the result."""
+
+    generate: GenerateRequest
+    response_id: str
+    instructions: str | None
+    input_items: list[dict[str, Any]]
+    params: dict[str, Any]  # what the response object echoes of its request
+
+    @property
+    def request_id(self) -> str:
+        return self.generate.request_id
+
+    @property
+    def model(self) -> str:
+        return self.generate.model
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.generate.num_prompt_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        response = {"id": self.response_id, "instructions": self.instructions, "input_items": self.input_items}
+        return {**self.generate.to_dict(), "response": {**response, "params": self.params}}
 
 
 @dataclass(frozen=True)

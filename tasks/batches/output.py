@@ -6,8 +6,12 @@ import json
 from typing import Any
 
 from tasks.batches.models import BatchLine, LineStatus
-from tasks.messages.completions import completion_body
+from tasks.messages.completions import as_legacy_function_calls, completion_body
+from tasks.messages.embeddings import EmbedRequest, embedding_answer, is_embed_request
 from tasks.messages.generation import ChoiceResult, Endpoint, Usage, error_status_code
+from tasks.messages.response_objects import response_object
+from tasks.store.models import RequestRecord, RequestStatus, ResultRecord
+from tasks.store.response_models import ResponseRecord
 
 STOPPED_ERRORS = {
     LineStatus.CANCELLED: {"code": "batch_cancelled", "message": "The batch was cancelled before this request ran."},
@@ -27,6 +31,17 @@ WORKER_LOST = {
 def output_line(line: BatchLine) -> dict[str, Any]:
     """The line of a completed request in the output file."""
     request = line.request or {}
+    if is_embed_request(request):
+        body = embedding_answer(EmbedRequest.from_dict(request), line.text or "")
+    elif "response" in request:  # a /v1/responses line (tasks/batches/messages.py: ResponseLine)
+        body = _response(line, request)
+    else:
+        body = _completion(line, request)
+    response = {"status_code": 200, "request_id": line.request_id, "body": body}
+    return {"id": _line_id(line), "custom_id": line.custom_id, "response": response, "error": None}
+
+
+def _completion(line: BatchLine, request: dict[str, Any]) -> dict[str, Any]:
     body = completion_body(
         request_id=line.request_id,
         endpoint=Endpoint(request["endpoint"]),
@@ -42,8 +57,43 @@ def output_line(line: BatchLine) -> dict[str, Any]:
         extra_choices=[ChoiceResult.from_dict(choice) for choice in line.extra_choices or []],
         tool_parser=request.get("tool_parser"),
     )
-    response = {"status_code": 200, "request_id": line.request_id, "body": body}
-    return {"id": _line_id(line), "custom_id": line.custom_id, "response": response, "error": None}
+    if request.get("is_legacy_functions"):
+        as_legacy_function_calls(body)
+    return body
+
+
+def _response(line: BatchLine, request: dict[str, Any]) -> dict[str, Any]:
+    """The response object, built by the one builder the Responses API answers with, from unsaved records holding
+    what the ledger row holds: the line's result, and the response's id, instructions, input and echoed params."""
+    response = request["response"]
+    result = ResultRecord(
+        request_id=line.request_id,
+        text=line.text or "",
+        finish_reason=line.finish_reason,
+        completion_tokens=line.completion_tokens,
+        logprobs=line.logprobs,
+    )
+    ran = RequestRecord(
+        id=line.request_id,
+        model=request["model"],
+        status=RequestStatus.COMPLETED.value,
+        prompt_tokens=line.prompt_tokens,
+        created=int(request["created"]),
+        result=result,
+    )
+    record = ResponseRecord(
+        id=response["id"],
+        request_id=line.request_id,
+        created_at=int(request["created"]),
+        store=False,  # a batch line's response is in the output file only
+        background=False,
+        previous_response_id=None,
+        instructions=response["instructions"],
+        input_items=response["input_items"],
+        params=response["params"],
+        request=ran,
+    )
+    return response_object(record, request.get("tool_parser") or "")
 
 
 def error_line(line: BatchLine) -> dict[str, Any]:

@@ -109,3 +109,14 @@ def choice_logprobs_of(
         ],
         "text_offset": offsets,
     }
+
+
+def as_legacy_function_calls(completion: dict[str, Any]) -> None:
+    """A legacy `functions` request's chat completion, in place, as OpenAI answers it: each choice's call as
+    `message.function_call` (one call: legacy functions are never parallel) and finish_reason "function_call"."""
+    for choice in completion["choices"]:
+        calls = choice["message"].pop("tool_calls", None)
+        if calls:
+            choice["message"]["function_call"] = calls[0]["function"]
+        if choice["finish_reason"] == FinishReason.TOOL_CALLS.value:
+            choice["finish_reason"] = "function_call"

@@ -142,6 +142,7 @@ class GenerateRequest:
     echo_from: int = 0  # the echo leaves out this many leading tokens: those the tokenizer added to a text prompt
     prompt_logprobs: int | None = None  # vLLM's: each choice's `prompt_logprobs`, with this many alternatives
     arrival_time: float = 0.0  # unix seconds, to the microsecond, when the api took it: where latencies start
+    is_legacy_functions: bool = False  # it offered legacy `functions`: a call is answered as `function_call`
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -175,6 +176,7 @@ class GenerateRequest:
             "echo_from": self.echo_from,
             "prompt_logprobs": self.prompt_logprobs,
             "arrival_time": self.arrival_time,
+            "is_legacy_functions": self.is_legacy_functions,
         }
 
     @classmethod
@@ -197,6 +199,7 @@ class GenerateRequest:
             echo_from=int(data.get("echo_from", 0)),
             prompt_logprobs=data.get("prompt_logprobs"),
             arrival_time=float(data.get("arrival_time", data["created"])),  # messages from before it was sent
+            is_legacy_functions=bool(data.get("is_legacy_functions", False)),
         )
 
 
@@ -302,7 +305,9 @@ class StreamEvent:
     prompt_logprobs: list[dict[str, Any] | None] | None = None  # DELTA: the choice's vLLM prompt_logprobs, once
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """Only the fields that differ from their defaults (`from_dict` restores the rest): a token's DELTA is every
+        request's most frequent message, and each byte of it is encoded by the worker and decoded by the api."""
+        full = {
             "type": self.type.value,
             "text": self.text,
             "token_ids": list(self.token_ids),
@@ -317,6 +322,7 @@ class StreamEvent:
             "text_offset": self.text_offset,
             "prompt_logprobs": self.prompt_logprobs,
         }
+        return {name: value for name, value in full.items() if name == "type" or value != _EVENT_DEFAULTS[name]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StreamEvent:
@@ -335,3 +341,11 @@ class StreamEvent:
             text_offset=int(data.get("text_offset", 0)),
             prompt_logprobs=data.get("prompt_logprobs"),
         )
+
+
+# Each field's default, which is also its serialized form (None, "", 0, []): an entry omits it
+_EVENT_DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    for f in dataclasses.fields(StreamEvent)
+    if f.name != "type"
+}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import redis
 
@@ -36,13 +36,16 @@ def append_json_many(client: redis.Redis, config: Config, key: str, events: list
     return append_json_to_streams(client, config, [(key, event) for event in events])
 
 
-def append_json_to_streams(client: redis.Redis, config: Config, entries: list[tuple[str, dict]]) -> list[str]:
+def append_json_to_streams(
+    client: redis.Redis, config: Config, entries: list[tuple[str, dict]], expire_keys: Iterable[str] | None = None
+) -> list[str]:
     """`append_json` for (stream key, event) pairs of any number of streams, in one round trip and one transaction;
-    each stream gets its events in the order given and its expiry set once."""
+    each stream gets its events in the order given and its expiry set once. `expire_keys`: only these streams' expiry
+    is set (a writer that renews each stream's expiry itself, well before it runs out, saves a command an event)."""
     pipe = client.pipeline(transaction=True)
     for key, event in entries:
         pipe.xadd(key, {"event": json.dumps(event)}, maxlen=config.stream_maxlen, approximate=True)
-    for key in dict.fromkeys(key for key, _ in entries):
+    for key in dict.fromkeys(key for key, _ in entries) if expire_keys is None else expire_keys:
         pipe.expire(key, config.stream_ttl_s)
     return [str(entry_id) for entry_id in pipe.execute()[: len(entries)]]
 

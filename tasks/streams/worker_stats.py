@@ -53,7 +53,11 @@ class WorkerStats:
     kv_cache_usage: float  # the fraction of KV blocks held by requests, 0 to 1
     engine: dict[str, Any]  # worker.engine.stats.EngineStats.to_dict()
     families: list[MetricFamily]
-    quantization: str = "none"  # the model's weights: "none", or "<method>:<scheme>" (worker/engine/quantization.py)
+    quantization: str = (
+        "none"  # the model's weights: "none", or "<method>:<scheme>" (worker/engine/loading/quantization.py)
+    )
+    kv_cache_dtype: str = ""  # what the KV pool holds: "int8" or "fp8_e4m3" codes, or the model's dtype
+    kv_cache_tokens: int = 0  # the token slots the KV pool holds for requests
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +70,8 @@ class WorkerStats:
             "engine": self.engine,
             "families": [family.to_dict() for family in self.families],
             "quantization": self.quantization,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "kv_cache_tokens": self.kv_cache_tokens,
         }
 
     @classmethod
@@ -80,6 +86,8 @@ class WorkerStats:
             engine=dict(data["engine"]),
             families=[MetricFamily.from_dict(family) for family in data["families"]],
             quantization=str(data["quantization"]),
+            kv_cache_dtype=str(data["kv_cache_dtype"]),
+            kv_cache_tokens=int(data["kv_cache_tokens"]),
         )
 
     def heartbeat_age_s(self, now: float | None = None) -> float:

@@ -30,7 +30,7 @@ def engine_markdown() -> str:
 def load_report() -> dict:
     numbers = {"tokens_per_s": 100.0, "ttft_p50_ms": 10.0, "ttft_p99_ms": 20.0}
     return {
-        "command": ".venv/bin/python -m bench.service_streams --concurrency-levels 1,2",
+        "command": ".venv/bin/python -m bench.service.service_streams --concurrency-levels 1,2",
         "machine": "a test CPU",
         "settings": {"max_num_seqs": 32, "worker_concurrency": 32, "api_threads": 64, "output_len": 4},
         "levels": [{"streams": level, "median": numbers, "rounds": [numbers]} for level in (1, 2)],

@@ -2,8 +2,8 @@
 answered within seconds (a frozen api took 12-20 s), both while the streams are being admitted and once they are all
 open: 256 by default, 1,000 under `-m slow`. The streams are sent at once; the part of that burst the api cannot admit
 within ADMISSION_WAIT_S gets 429 and retries, as the `openai` client does. The streams' requests wait in the queue of a
-live worker that takes nothing, so they stay open for as long as the test holds them; bench/load.py ramps the same
-through a whole stack."""
+live worker that takes nothing, so they stay open for as long as the test holds them; bench/service/load.py ramps the
+same through a whole stack."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import httpx
 import pytest
 import redis
 
-from bench.load import retry_after_of
+from bench.service.load import retry_after_of
 from tasks.config import REPO_ROOT, Config
 from tasks.store.db import upgrade_to_head
 from tasks.streams.worker_leases import renew_worker_lease
@@ -40,8 +40,16 @@ def api(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Config]:
     server.start()
     database_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade_to_head(database_url)
+    # A new request sent during the burst waits its turn in line, at most ADMISSION_WAIT_S: 2 s here (10 by default),
+    # so that its bound below still tells a gate that holds it from a frozen api.
     config = make_test_config(
-        tiny_model_dir, server.url, database_url, api_connections=2048, worker_lease_s=120.0, sse_heartbeat_s=15.0
+        tiny_model_dir,
+        server.url,
+        database_url,
+        api_connections=2048,
+        worker_lease_s=120.0,
+        sse_heartbeat_s=15.0,
+        admission_wait_s=2.0,
     )
     client = redis.Redis.from_url(server.url)
     renew_worker_lease(client, config, "busy-worker")  # alive, and never takes a request
@@ -134,8 +142,8 @@ def test_open_streams_leave_health_and_admission_quick(api: Config, num_streams:
     # Bounds a frozen api misses by seconds (a thread per stream left /health waiting 20 s; a burst admitted all at
     # once, before the admission gate, held a new request 12.5 s and /health over 10 s), loose enough for a shared
     # 2-core machine that other work keeps busy. During the burst this client's own event loop is busy opening the
-    # streams, so those probes carry its delay too. The tight targets are bench/load.py's, which probes from a process
-    # of its own (docs/RELIABILITY.md has its numbers).
+    # streams, so those probes carry its delay too. The tight targets are bench/service/load.py's, which probes from a
+    # process of its own (docs/RELIABILITY.md has its numbers).
     assert max(during_burst.health_s) < 5.0, f"/health took {max(during_burst.health_s):.3f} s during the burst"
     assert during_burst.new_request_status in (200, 429) and during_burst.new_request_s < 5.0
     assert max(holding.health_s) < 3.0, f"/health took {max(holding.health_s):.3f} s with the streams open"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,11 +86,18 @@ def test_a_failing_pytest_steps_tracebacks_reach_the_report(tmp_path: Path) -> N
     assert "### (a) tests.x::test_bad" in markdown and "Traceback: boom" in markdown
 
 
-@pytest.mark.timeout(1200)  # every step in sequence: 200 s on an idle 2-core machine, more on a busy one
-def test_the_whole_check_runs_on_a_cpu(tmp_path: Path) -> None:
-    """`make gpu-check DEVICE=cpu`: every step at the smallest sizes, and one report that says they passed."""
+# One test of each step's file: those files run in the suite already, here only the check's own running of them counts.
+ONE_TEST_PER_PYTEST_STEP = (
+    "test_the_kernels_run_under_the_interpreter_without_cuda or gpt2-sdpa"
+    " or test_every_decode_step_through_its_bucket_gives_the_eager_steps_logits"
+)
+
+
+def check_on_a_cpu(tmp_path: Path, env: dict[str, str]) -> str:
+    """Runs `make gpu-check DEVICE=cpu`'s command and asserts that every step ran and passed; returns its output."""
     out = tmp_path / "check"
-    env = {**os.environ, "PYTHON": sys.executable}
+    # the service check's first grammar waits for xgrammar's import in the compile forkserver: over 10 s when busy
+    env = {**os.environ, "PYTHON": sys.executable, "GRAMMAR_COMPILE_TIMEOUT_S": "120", **env}
     command = [str(REPO_ROOT / "scripts" / "gpu" / "check.sh"), str(out), str(tmp_path / "no-bundle"), "cpu"]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -99,3 +107,19 @@ def test_the_whole_check_runs_on_a_cpu(tmp_path: Path) -> None:
     assert service.count("| passed |") == 6 and "FAILED" not in service
     assert "service / engine" in (out / "streams.md").read_text()
     assert "HBM roofline" in (out / "engine.md").read_text()
+    return result.stdout
+
+
+@pytest.mark.timeout(900)
+def test_every_kind_of_step_runs_on_a_cpu(tmp_path: Path) -> None:
+    """The imports step, pytest steps with their JUnit results, the service check and both benchmarks, end to end at
+    the smallest sizes, each pytest step narrowed to one test."""
+    output = check_on_a_cpu(tmp_path, {"PYTEST_ADDOPTS": f"-k '{ONE_TEST_PER_PYTEST_STEP}'"})
+    assert len(re.findall(r"^1 passed, \d+ deselected", output, flags=re.MULTILINE)) == 3  # steps a, b and c
+
+
+@pytest.mark.slow  # every test of every step: `make gpu-check DEVICE=cpu`, or `pytest -m slow` here
+@pytest.mark.timeout(1200)  # every step in sequence: 200 s on an idle 2-core machine, more on a busy one
+def test_the_whole_check_runs_on_a_cpu(tmp_path: Path) -> None:
+    """`make gpu-check DEVICE=cpu`: every step at the smallest sizes, and one report that says they passed."""
+    check_on_a_cpu(tmp_path, {})

@@ -30,6 +30,6 @@ def tenant_keys(stack: Stack) -> TenantKeys:
                 (("tenant-a", "a"), ("tenant-b", "b"), ("revoked-a", "a"))}  # fmt: skip
     engine.dispose()
     env = {**os.environ, **stack.config.to_env()}
-    command = [sys.executable, "-m", "scripts.api_keys", "revoke", "revoked-a"]
+    command = [sys.executable, "-m", "scripts.cli.api_keys", "revoke", "revoked-a"]
     subprocess.run(command, cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=60)
     return TenantKeys(a=keys["tenant-a"], b=keys["tenant-b"], revoked=keys["revoked-a"])

@@ -22,20 +22,22 @@ from scheduler.scheduler import Scheduler, TokenUpdate
 from tasks.config import Config
 from tasks.messages.generation import FinishReason, TokenLogprob
 from worker.engine.admission import admission_error
+from worker.engine.embedding.embedder import Embedder
+from worker.engine.embedding.jobs import EmbeddingCallback, EmbeddingJob, EmbeddingRequest
 from worker.engine.engine_config import grammar_compiler, scheduler_config, speculation_config
 from worker.engine.grammar.matcher import MaskFiller, RowGrammar
 from worker.engine.inbox import EngineInbox, NewWork
-from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
+from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback, RequestFieldError
 from worker.engine.model_runner import ModelRunner
-from worker.engine.prompt_logprobs import prompt_logit_rows, score_prompts
-from worker.engine.sampler import SamplingRow
+from worker.engine.sampling.prompt_logprobs import prompt_logit_rows, score_prompts
+from worker.engine.sampling.sampler import SamplingRow
+from worker.engine.sampling.step_tokens import StepTokens, pick_tokens
 from worker.engine.sequence import EngineSequence, Submission, request_generator, scheduled_request
 from worker.engine.speculation.allowance import speculation_allowance
 from worker.engine.speculation.draft_models import load_proposers
 from worker.engine.speculation.speculator import Allowance, Speculator
 from worker.engine.stats import EngineLoad, EngineStats
-from worker.engine.step_tokens import StepTokens, pick_tokens
-from worker.steering.request_sae import resolve_request_sae
+from worker.steering.request_sae import resolve_request_sae, resolve_steering
 from worker.steering.worker_monitor import WorkerMonitor
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class ContinuousEngine:
         self._grammars = grammar_compiler(config, runner)
         self._masks = MaskFiller(self._grammars.vocab_size)
         self._inbox = EngineInbox()
+        self._embedder = Embedder(runner, config.max_num_batched_tokens, config.model)
         self._sequences: dict[str, EngineSequence] = {}
         self._step_monitor: WorkerMonitor | None = None  # the worker monitor as of the last `take_new_work`
         self._stats = EngineStats()
@@ -81,10 +84,23 @@ class ContinuousEngine:
         error output."""
         try:
             sae, sae_error = resolve_request_sae(request, self._runner.saes, self._config), None
-        except ValueError as exc:
-            sae, sae_error = None, f"steering or monitor: {exc}"
+        except RequestFieldError as exc:
+            sae, sae_error = None, exc
         grammar, grammar_error = self._grammars.compile_for(request.grammar)
         self._inbox.submit(Submission(request, on_output, sae, sae_error, grammar, grammar_error))
+
+    def submit_embedding(self, request: EmbeddingRequest, on_done: EmbeddingCallback) -> None:
+        """Queues an embedding request, its steering resolved here as `submit` resolves a request's; it runs between
+        steps, batched with the others waiting, and `on_done` is called once from the engine thread."""
+        job = EmbeddingJob(request, None, on_done)
+        if request.steering is not None:
+            try:
+                sae = resolve_steering(request.steering, self._runner.saes, self._config)
+            except RequestFieldError as exc:
+                job.fail(str(exc), param=exc.param)
+                return
+            job = EmbeddingJob(request, sae, on_done)
+        self._inbox.submit_embedding(job)
 
     def cancel(self, request_id: str) -> None:
         self._inbox.cancel(request_id)
@@ -172,7 +188,7 @@ class ContinuousEngine:
         return picked
 
     def _postprocess(self, batch: Batch, picked: StepTokens) -> None:
-        if picked.failed:
+        if picked.failed or picked.dead_ends:
             batch, picked = self._drop_failed_rows(batch, picked)
         updates = self._scheduler.update_from_output(batch, picked.token_ids)
         self._record_verifications(picked, {update.request.request_id: len(update.token_ids) for update in updates})
@@ -182,12 +198,19 @@ class ContinuousEngine:
                 self._emit(update, logprob)
 
     def _drop_failed_rows(self, batch: Batch, picked: StepTokens) -> tuple[Batch, StepTokens]:
-        """Ends each request whose row could not be sampled, and the step without them: the others go on as if
-        those rows had never been in it."""
+        """Ends each request whose row could not be sampled (the engine's failure) or whose grammar dead-ended (the
+        request's own error, naming its grammar's field), and the step without them: the others go on as if those
+        rows had never been in it."""
         for request_id, error in picked.failed.items():
             self._fail(request_id, f"sampling failed: {error}")
-        kept = [i for i, chunk in enumerate(batch.sampling_chunks) if chunk.request.request_id not in picked.failed]
-        chunks = [chunk for chunk in batch.chunks if chunk.request.request_id not in picked.failed]
+        for request_id, why in picked.dead_ends.items():
+            sequence = self._sequences[request_id]
+            param = sequence.request.grammar.param  # type: ignore[union-attr]  # only a constrained row dead-ends
+            num_tokens = sequence.scheduled.num_output_tokens
+            self._fail(request_id, f"{param}: {why} (after {num_tokens} generated tokens)", refused_param=param)
+        dropped = picked.failed.keys() | picked.dead_ends.keys()
+        kept = [i for i, chunk in enumerate(batch.sampling_chunks) if chunk.request.request_id not in dropped]
+        chunks = [chunk for chunk in batch.chunks if chunk.request.request_id not in dropped]
         token_ids = [picked.token_ids[i] for i in kept]
         logprobs = [picked.logprobs[i] for i in kept]
         return dataclasses.replace(batch, chunks=chunks), StepTokens(token_ids, logprobs, picked.verifications)
@@ -196,6 +219,8 @@ class ContinuousEngine:
 
     def _apply(self, new_work: NewWork) -> None:
         self._step_monitor = new_work.worker_monitor
+        if new_work.embeddings:
+            self._embedder.run(new_work.embeddings)
         for submission in new_work.submissions:
             try:
                 self._admit(submission)
@@ -213,16 +238,12 @@ class ContinuousEngine:
         grammar = None if submission.grammar is None else RowGrammar(submission.grammar)
         sequence = EngineSequence(request, submission.on_output, generator, scheduled, submission.sae, grammar)
         self._sequences[request.request_id] = sequence
-        grammar_error = None if submission.sae_error else submission.grammar_error
-        error = (
-            submission.sae_error
-            or (grammar_error and str(grammar_error))
-            or admission_error(
-                request, self._runner.max_model_len, self._scheduler.max_tokens_fitting(), self._speculator.methods
-            )
+        field_error = submission.sae_error or submission.grammar_error
+        error = (field_error and str(field_error)) or admission_error(
+            request, self._runner.max_model_len, self._scheduler.max_tokens_fitting(), self._speculator.methods
         )
         if error is not None:
-            param = grammar_error and grammar_error.param
+            param = field_error and field_error.param
             refusal = EngineOutput(request.request_id, [], error=error, is_request_error=True, error_param=param)
             self._finish(request.request_id, refusal)
         else:
@@ -271,11 +292,14 @@ class ContinuousEngine:
         else:
             self._finish(request_id, output)
 
-    def _fail(self, request_id: str, error: str) -> None:
-        """Ends the request with an error wherever it is, unless its final output has already gone out."""
+    def _fail(self, request_id: str, error: str, refused_param: str | None = None) -> None:
+        """Ends the request with an error wherever it is, unless its final output has already gone out; with
+        `refused_param`, the request's own error (the field at fault), not the engine's."""
         self._scheduler.abort(request_id)
         if request_id in self._sequences:
-            self._finish(request_id, EngineOutput(request_id, [], error=error))
+            is_refusal = refused_param is not None
+            output = EngineOutput(request_id, [], error=error, is_request_error=is_refusal, error_param=refused_param)
+            self._finish(request_id, output)
 
     def _fail_submission(self, submission: Submission, error: str) -> None:
         request_id = submission.request.request_id
@@ -301,6 +325,8 @@ class ContinuousEngine:
             logger.exception("output callback of request %s raised", output.request_id)
 
     def _abort_all(self) -> None:
+        for job in self._inbox.take_unrun_embeddings():
+            job.fail("the engine stopped")
         for submission in self._inbox.take_unadmitted():
             request = submission.request
             scheduled = scheduled_request(request, None, self._runner.eos_token_ids)

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from worker.engine.embedding.jobs import EmbeddingJob
 from worker.engine.sequence import Submission
 from worker.steering.worker_monitor import WorkerMonitor
 
@@ -18,6 +19,7 @@ class NewWork:
     submissions: list[Submission]
     cancelled: set[str]
     worker_monitor: WorkerMonitor | None
+    embeddings: list[EmbeddingJob]
 
 
 class EngineInbox:
@@ -25,6 +27,7 @@ class EngineInbox:
         self._cond = threading.Condition()
         self._submissions: list[Submission] = []
         self._cancelled: set[str] = set()
+        self._embeddings: list[EmbeddingJob] = []
         self._active: set[str] = set()  # submitted and not yet finished
         self._worker_monitor: WorkerMonitor | None = None
         self._is_stopping = False
@@ -38,6 +41,13 @@ class EngineInbox:
                 raise ValueError(f"request {request_id!r} is already in the engine")
             self._active.add(request_id)
             self._submissions.append(submission)
+            self._cond.notify_all()
+
+    def submit_embedding(self, job: EmbeddingJob) -> None:
+        with self._cond:
+            if self._is_stopping:
+                raise RuntimeError("the engine is stopping and takes no new requests")
+            self._embeddings.append(job)
             self._cond.notify_all()
 
     def cancel(self, request_id: str) -> None:
@@ -59,18 +69,27 @@ class EngineInbox:
     def take(self, has_work: Callable[[], bool]) -> NewWork | None:
         """Waits until something arrived or `has_work()`; None once the engine is stopping."""
         with self._cond:
-            self._cond.wait_for(lambda: self._submissions or self._cancelled or has_work() or self._is_stopping)
+            self._cond.wait_for(
+                lambda: self._submissions or self._cancelled or self._embeddings or has_work() or self._is_stopping
+            )
             if self._is_stopping:
                 return None
             submissions, self._submissions = self._submissions, []
             cancelled, self._cancelled = self._cancelled, set()
-            return NewWork(submissions, cancelled, self._worker_monitor)
+            embeddings, self._embeddings = self._embeddings, []
+            return NewWork(submissions, cancelled, self._worker_monitor, embeddings)
 
     def take_unadmitted(self) -> list[Submission]:
         """The submissions the engine thread never took: on the way out, each still owes its caller an output."""
         with self._cond:
             submissions, self._submissions = self._submissions, []
             return submissions
+
+    def take_unrun_embeddings(self) -> list[EmbeddingJob]:
+        """The embedding jobs the engine thread never took, on the way out, as `take_unadmitted`."""
+        with self._cond:
+            embeddings, self._embeddings = self._embeddings, []
+            return embeddings
 
     def finished(self, request_id: str) -> None:
         """The request's last output is going out: its id may be submitted again, a late cancel is moot."""

@@ -14,6 +14,15 @@ INTERACTIVE_PRIORITY = 0
 BULK_PRIORITY = 1
 
 
+class RequestFieldError(Exception):
+    """The request cannot run as it asks (a grammar that does not compile, a steering vector file that does not
+    exist): the client's to fix; `param` names the request field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     request_id: str
@@ -33,7 +42,7 @@ class EngineOutput:
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
     error: str | None = None
-    is_request_error: bool = False  # the request itself was refused at admission: the client's to fix
+    is_request_error: bool = False  # the request itself was refused (at admission, or its grammar dead-ended)
     error_param: str | None = None  # the request field at fault, for a refusal
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served (OpenAI's usage.prompt_tokens_details)

@@ -24,14 +24,15 @@ from worker.engine.attention.kv_pool import KVPool, KVShape, num_pool_tokens
 from worker.engine.attention.paged_attention import FLASH_BACKEND, PAGED_BACKEND, register_paged_attention
 from worker.engine.attention.paged_step import PagedStep, build_paged_step
 from worker.engine.compiled_forward import CompiledLogits, compile_model, compiled_forward, warm_up
-from worker.engine.cpu_weight_layout import store_linear_weights_column_major
 from worker.engine.graphs.graph_mode import GraphMode, graph_mode_for_model, resolve_graph_mode
-from worker.engine.model_support import check_model_supported
-from worker.engine.sampler import Argmax, torch_argmax
+from worker.engine.loading.cpu_weight_layout import store_linear_weights_column_major
+from worker.engine.loading.model_support import check_model_supported
+from worker.engine.loading.target_weights import load_target_weights
+from worker.engine.sampling.sampler import Argmax, torch_argmax
 from worker.engine.speculation.draft_weights import load_draft_weights
-from worker.engine.target_weights import load_target_weights
 from worker.engine.transfers import to_device
 from worker.kernels.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
+from worker.kernels.kv_quant import KVCacheDtype, resolve_kv_cache_dtype
 from worker.steering.request_sae import RequestSAE
 from worker.steering.sae_attachments import SAEAttachments
 from worker.steering.steering_plan import build_step_plan, read_monitored
@@ -105,6 +106,12 @@ class ModelRunner:
             torch.set_num_threads(config.cpu_threads)
         register_paged_attention()
         self.attention_backend, cpu_kernel = load_attention_backend(config, self.device, self.dtype)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype)
+        if self.kv_cache_dtype.is_quantized and self.is_flash:
+            raise ValueError(
+                f"KV_CACHE_DTYPE={self.kv_cache_dtype.value}: flash-attn's paged kernel reads only the model's dtype; "
+                "use ATTENTION_BACKEND=triton"
+            )
         graph_mode = resolve_graph_mode(config.cuda_graphs, self.device, self.attention_backend)
         # one registered function serves sdpa, cpu_kernel and triton: it goes by the metadata each step carries
         hf_attention = FLASH_BACKEND if self.is_flash else PAGED_BACKEND
@@ -173,6 +180,18 @@ class ModelRunner:
         return None if self._graphs is None else self._graphs.mode
 
     @property
+    def hooks(self) -> BatchHooks:
+        """The SAE hooks every forward pass on the engine thread shares (the embedding forwards steer through them)."""
+        return self._hooks
+
+    @property
+    def kv_cache_dtype_name(self) -> str:
+        """What the KV pool holds: "int8" or "fp8_e4m3" codes, or the model's dtype ("float32", "bfloat16")."""
+        if self.kv_cache_dtype is KVCacheDtype.AUTO:
+            return str(self.dtype).removeprefix("torch.")
+        return self.kv_cache_dtype.value
+
+    @property
     def is_flash(self) -> bool:
         return self.attention_backend is AttentionBackend.FLASH_ATTN
 
@@ -186,22 +205,32 @@ class ModelRunner:
         if self.is_flash and block_size % FLASH_BLOCK_SIZE:
             raise ValueError(f"flash-attn's paged kernels need KV_BLOCK_SIZE to be a multiple of {FLASH_BLOCK_SIZE}")
         shapes = [KVShape.of(model.config) for model in (self.model, self.draft_model) if model is not None]
-        bytes_per_token = sum(shape.bytes_per_token(self.dtype) for shape in shapes)
+        bytes_per_token = sum(shape.bytes_per_token(self.dtype, self.kv_cache_dtype) for shape in shapes)
         num_tokens = num_pool_tokens(config, bytes_per_token, self.device, self.max_model_len)
         num_blocks = num_tokens // block_size
         if num_blocks < 1:
             raise ValueError(f"the KV pool holds {num_tokens} tokens, less than one block of {block_size}")
         is_heads_major = not self.is_flash
+        pool_of = partial(KVPool, num_blocks=num_blocks, block_size=block_size, dtype=self.dtype, device=self.device)
         pools = [
-            KVPool(shape, num_blocks, block_size, self.dtype, self.device, is_heads_major, kernel, is_scratched)
+            pool_of(
+                shape,
+                is_heads_major=is_heads_major,
+                decode_kernel=kernel,
+                has_scratch_block=is_scratched,
+                kv_dtype=self.kv_cache_dtype,
+            )
             for shape, is_scratched in zip(shapes, (has_scratch_block, False), strict=False)  # the target's only
         ]
         logger.info(
-            "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB, the draft's included)",
+            "KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB, the draft's included), KV cache dtype %s: %d bytes "
+            "a token",
             num_blocks,
             block_size,
             num_blocks * block_size,
             sum(pool.num_bytes for pool in pools) / 2**20,
+            self.kv_cache_dtype_name,
+            bytes_per_token,
         )
         return pools[0], pools[1] if len(pools) > 1 else None
 

@@ -13,8 +13,8 @@ from tasks.messages.generation import TokenLogprob
 from tasks.messages.steering import MonitoredPosition
 from worker.engine.grammar.compiler import GrammarError
 from worker.engine.grammar.matcher import RowGrammar
-from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback
-from worker.engine.sampler import SamplingRow
+from worker.engine.interface import EngineOutput, EngineRequest, OutputCallback, RequestFieldError
+from worker.engine.sampling.sampler import SamplingRow
 from worker.steering.request_sae import RequestSAE
 
 if TYPE_CHECKING:  # xgrammar loads with the first grammar
@@ -109,6 +109,6 @@ class Submission:
     request: EngineRequest
     on_output: OutputCallback
     sae: RequestSAE | None
-    sae_error: str | None  # the request's steering or monitor could not be resolved
+    sae_error: RequestFieldError | None  # the request's steering or monitor could not be resolved
     grammar: CompiledGrammar | None = None  # the request's grammar, compiled on the submitting thread
     grammar_error: GrammarError | None = None  # it did not compile

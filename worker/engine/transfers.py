@@ -5,12 +5,12 @@ a sampler that builds its parameters that way waits for the forward pass several
 back row by row. Here values go to the device asynchronously (pageable memory is staged by the driver as the copy is
 queued, so the host list may go at once), and results come back together, with one wait for the device.
 
-A step waits once, for its tokens and logprobs (worker/engine/step_readback.py). What still waits, by design or left:
-a step in which a monitor reads waits a second time, for the monitors' top-k (worker/steering/steering_plan.py);
-speculative verify rows read their argmax or acceptance draws back row by row (worker/engine/speculation/), and a
-draft model's proposal steps read their tokens back each (those steps are eager, and only batches of at most
-SPEC_MAX_BATCH_SIZE rows speculate); a decode graph is captured again, with one device synchronization, when a
-step steers or monitors at a hook point the graphs do not cover yet.
+A step waits once, for its tokens and logprobs (worker/engine/sampling/step_readback.py). What still waits, by design or
+left: a step in which a monitor reads waits a second time, for the monitors' top-k (worker/steering/steering_plan.py);
+speculative verify rows read their argmax or acceptance draws back row by row (worker/engine/speculation/), and a draft
+model's proposal steps read their tokens back each (those steps are eager, and only batches of at most
+SPEC_MAX_BATCH_SIZE rows speculate); a decode graph is captured again, with one device synchronization, when a step
+steers or monitors at a hook point the graphs do not cover yet.
 """
 
 from __future__ import annotations

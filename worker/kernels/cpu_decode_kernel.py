@@ -4,7 +4,8 @@ machine, cached, and called through ctypes.
 On CPU, gathering every decode row's blocks and attending over the copy with batched matmuls cost most of a step's
 attention: the gather writes all of the rows' K/V once more, and every length bucket pays a dozen operator calls
 per layer. The kernel reads each row's blocks where they lie, once, for all decode rows in one call per layer
-(docs/perf-notes.md). Without a compiler the engine keeps the gather path and says so in the log.
+(docs/perf-notes.md). Without a compiler the engine keeps the gather path and says so in the log. A quantized pool's
+codes (worker/kernels/kv_quant.py) are read and written by the same calls, given the layer's `KernelCodes`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from worker.kernels.kernel_codes import KernelCodes, codes_scratch_floats
 from worker.kernels.layer_variant import LayerVariant
 
 logger = logging.getLogger(__name__)
@@ -32,20 +34,21 @@ CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno
 COMPILE_TIMEOUT_S = 120
 MAX_GROUP = 64  # query heads per KV head: paged_decode.c's MAX_GROUP, the size of a buffer on its stack
 _POINTER, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+CODE_DTYPES = (torch.int8, torch.uint8)  # a quantized pool's elements
 
 
 class CpuDecodeKernel:
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))  # CDLL releases the GIL during each call
         self._attention = lib.paged_decode_attention
-        self._attention.argtypes = [_POINTER] * 7 + [_INT] * 8 + [_FLOAT, _INT, _FLOAT, _POINTER]
+        self._attention.argtypes = [_POINTER] * 7 + [_INT] * 8 + [_FLOAT, _INT, _FLOAT, _POINTER, _POINTER]
         self._attention.restype = None
         self._write_keys = lib.paged_write_keys
         self._write_keys.argtypes = [_POINTER] * 3 + [_INT] * 5
         self._write_keys.restype = None
         self._decode_step = lib.paged_decode_step
         self._decode_step.argtypes = (
-            [_POINTER, _INT, _INT] * 3 + [_POINTER] * 7 + [_INT] * 8 + [_FLOAT, _INT, _FLOAT, _POINTER]
+            [_POINTER, _INT, _INT] * 3 + [_POINTER] * 7 + [_INT] * 8 + [_FLOAT, _INT, _FLOAT, _POINTER, _POINTER]
         )
         self._decode_step.restype = None
         self._argmax = lib.greedy_argmax
@@ -80,13 +83,14 @@ class CpuDecodeKernel:
         block_tables: torch.Tensor,  # [B, W] int64, contiguous: each row's blocks, padded
         context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, its new one included
         max_len: int,
+        codes: list[KernelCodes] | None = None,  # per layer, for a quantized pool (its layers then hold codes)
     ) -> DecodeStep:
         """A step whose every token is a decode row, bound once for all of its layers' calls."""
         for keys, values in layers:
-            _check_layouts(keys, values)
+            _check_pool(keys, values, is_coded=codes is not None)
         for index in (block_tables, context_lens, slots):
             _check_layouts(index=index)
-        return DecodeStep(self._decode_step, layers, slots, block_tables, context_lens, max_len)
+        return DecodeStep(self._decode_step, layers, slots, block_tables, context_lens, max_len, codes)
 
     def attention(
         self,
@@ -97,14 +101,19 @@ class CpuDecodeKernel:
         context_lens: torch.Tensor,  # [B] int64: tokens each row attends to, at least 1, at most W * block_size
         max_len: int,  # the longest of context_lens
         variant: LayerVariant,
+        codes: KernelCodes | None = None,  # the layer's, when the pool holds codes (int8 or uint8 then)
     ) -> torch.Tensor:
         """[B, H, D]: each row's one query token attended over its own context in the pool (its window of it)."""
         batch, num_heads, head_dim = query.shape
         num_kv_heads, num_blocks, block_size, _ = v_cache.shape
-        _check_layouts(query, k_cache, v_cache, index=block_tables)
+        _check_layouts(query, index=block_tables)
         _check_layouts(index=context_lens)
+        _check_pool(k_cache, v_cache, is_coded=codes is not None)
         output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
-        scratch = torch.empty(_group_size(num_heads, num_kv_heads), max_len, dtype=torch.float32)
+        scratch_size = _group_size(num_heads, num_kv_heads) * max_len
+        if codes is not None:
+            scratch_size += codes_scratch_floats(max_len, block_size, head_dim)
+        scratch = torch.empty(scratch_size, dtype=torch.float32)
         sinks = _sinks(variant, num_heads)  # held in a name while the C code reads it
         self._attention(
             query.data_ptr(),
@@ -123,6 +132,7 @@ class CpuDecodeKernel:
             block_tables.shape[1],
             max_len,
             *_variant_args(variant, sinks),
+            None if codes is None else codes.pointer,
         )
         return output
 
@@ -141,6 +151,7 @@ class DecodeStep:
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         max_len: int,
+        codes: list[KernelCodes] | None,
     ) -> None:
         keys, _ = layers[0]
         self._function = function
@@ -150,6 +161,8 @@ class DecodeStep:
         self._batch, self._width = block_tables.shape
         self._num_kv_heads, self._num_blocks, self._head_dim, self._block_size = keys.shape
         self._max_len = max_len
+        self._codes = codes
+        self._codes_floats = 0 if codes is None else codes_scratch_floats(max_len, self._block_size, self._head_dim)
         self._scratch: torch.Tensor | None = None
 
     def __call__(
@@ -170,7 +183,7 @@ class DecodeStep:
         if query.shape != (1, num_heads, batch, head_dim) or key.shape != kv_shape or value.shape != kv_shape:
             raise ValueError("the CPU decode kernel got another shape than the step it was bound to")
         group = _group_size(num_heads, self._num_kv_heads)
-        scratch_size = group * (self._max_len + head_dim)
+        scratch_size = group * (self._max_len + head_dim) + self._codes_floats
         if self._scratch is None or self._scratch.numel() < scratch_size:
             self._scratch = torch.empty(scratch_size, dtype=torch.float32)
         output = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
@@ -200,6 +213,7 @@ class DecodeStep:
             self._width,
             self._max_len,
             *_variant_args(variant, sinks),
+            None if self._codes is None else self._codes[layer_idx].pointer,
         )
         return output
 
@@ -226,6 +240,18 @@ def _group_size(num_heads: int, num_kv_heads: int) -> int:
     if remainder or group > MAX_GROUP:
         raise ValueError(f"the CPU decode kernel takes a whole number of query heads per KV head, at most {MAX_GROUP}")
     return group
+
+
+def _check_pool(keys: torch.Tensor, values: torch.Tensor, is_coded: bool) -> None:
+    """A layer of the pool: float32, or one-byte codes when the kernel is given their scales."""
+    if not is_coded:
+        _check_layouts(keys, values)
+        return
+    for tensor in (keys, values):
+        if tensor.dtype not in CODE_DTYPES or not tensor.is_contiguous() or tensor.device.type != "cpu":
+            raise ValueError(
+                f"the CPU decode kernel reads codes from contiguous int8 or uint8 CPU tensors: {tensor.dtype}"
+            )
 
 
 def _check_layouts(*floats: torch.Tensor, index: torch.Tensor | None = None) -> None:

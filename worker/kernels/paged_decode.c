@@ -2,7 +2,9 @@
  * place (float32, heads-major: keys [Hkv, num_blocks, D, block_size], transposed within each block, values
  * [Hkv, num_blocks, block_size, D]). Per row and KV head: the scores of the group's query heads, their softmax,
  * and the weighted sum of values. With keys transposed, a block's scores are block_size-wide vector FMAs over the
- * head dimension, with no sum across lanes. Built and loaded by worker/kernels/cpu_decode_kernel.py. */
+ * head dimension, with no sum across lanes. A quantized pool (KV_CACHE_DTYPE int8 or fp8_e4m3) holds one-byte codes
+ * in the same layouts: a row's blocks are turned back into floats as it attends, and its new K/V quantized as they
+ * are stored. Built and loaded by worker/kernels/cpu_decode_kernel.py. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -214,18 +216,14 @@ static void store_key(float *k_head, int64_t slot, const float *key, int64_t hea
     for (int64_t d = 0; d < head_dim; d++) column[d * block_size] = key[d];
 }
 
-/* One row's KV head: the scores of its group's query heads (`queries`, head_dim apart; `sinks` theirs) over the
- * row's first len tokens, or the variant's window of them, their softmax, and the weighted values into `out` (head_dim
- * apart); scratch holds group * max_len floats. The window's first block is read whole, its tokens before the window
- * weighted 0. */
-static void attend(const float *queries, const float *k_head, const float *v_head, const int64_t *table, int64_t len,
-                   float *out, float *scratch, int64_t group, int64_t head_dim, int64_t block_size, int64_t max_len,
-                   float scale, const struct variant *variant, const float *sinks) {
+/* One row's KV head over `span` tokens from the start of the blocks `blocks` lists (the window's first block read
+ * whole, its first `skipped` tokens weighted 0): the scores of its group's query heads (`queries`, head_dim apart;
+ * `sinks` theirs), their softmax, and the weighted values into `out` (head_dim apart); scratch holds group * max_len
+ * floats. */
+static void attend_blocks(const float *queries, const float *k_head, const float *v_head, const int64_t *blocks,
+                          int64_t span, int64_t skipped, float *out, float *scratch, int64_t group, int64_t head_dim,
+                          int64_t block_size, int64_t max_len, float scale, float softcap, const float *sinks) {
     float inverse[MAX_GROUP];
-    const int64_t first = variant->window > 0 && len > variant->window ? len - variant->window : 0;
-    const int64_t skipped = first % block_size; /* tokens of the first block before the window */
-    const int64_t *blocks = table + first / block_size;
-    const int64_t span = len - (first - skipped); /* tokens from the first block's start */
     for (int64_t start = 0; start < span; start += block_size) {
         const float *block = k_head + blocks[start / block_size] * head_dim * block_size; /* [D][bs] */
         const int64_t n = span - start < block_size ? span - start : block_size;
@@ -234,60 +232,199 @@ static void attend(const float *queries, const float *k_head, const float *v_hea
     for (int64_t g = 0; g < group; g++) {
         float *weights = scratch + g * max_len;
         const float sink = sinks != NULL ? sinks[g] : 0.0f;
-        inverse[g] = exponentiate(weights + skipped, span - skipped, variant->softcap, sinks != NULL, sink);
+        inverse[g] = exponentiate(weights + skipped, span - skipped, softcap, sinks != NULL, sink);
         for (int64_t t = 0; t < skipped; t++) weights[t] = 0.0f;
     }
     group_weighted_values(scratch, v_head, blocks, span, group, head_dim, block_size, max_len, out, inverse);
 }
 
+/* The tokens of a row of len tokens that the variant's window reaches, as whole blocks: the window's first block in
+ * the row's table, the tokens from its start, and those of them before the window. */
+struct row_span {
+    int64_t first_block, span, skipped;
+};
+
+static struct row_span row_span(int64_t len, int64_t window, int64_t block_size) {
+    const int64_t first = window > 0 && len > window ? len - window : 0;
+    const int64_t skipped = first % block_size;
+    return (struct row_span){first / block_size, len - (first - skipped), skipped};
+}
+
+/* One row's KV head in a float pool: its window's blocks attended in place (attend_blocks). */
+static void attend(const float *queries, const float *k_head, const float *v_head, const int64_t *table, int64_t len,
+                   float *out, float *scratch, int64_t group, int64_t head_dim, int64_t block_size, int64_t max_len,
+                   float scale, const struct variant *variant, const float *sinks) {
+    const struct row_span rows = row_span(len, variant->window, block_size);
+    attend_blocks(queries, k_head, v_head, table + rows.first_block, rows.span, rows.skipped, out, scratch, group,
+                  head_dim, block_size, max_len, scale, variant->softcap, sinks);
+}
+
+/* A quantized pool (KV_CACHE_DTYPE, worker/kernels/kv_quant.py): one-byte codes in the float pool's layouts, and a
+ * layer's scales for K and V at [kv head * head_stride + slot * token_stride] (strides 0: fp8's one scale per layer). */
+struct kv_codes {
+    int64_t kind;        /* 1: int8 codes; 2: float8 e4m3fn bytes, valued through `table` */
+    const float *table;  /* [256]: each e4m3fn byte's value */
+    float *k_scales, *v_scales;
+    int64_t scale_head_stride, scale_token_stride;
+};
+
+static inline float code_value(const struct kv_codes *codes, uint8_t code) {
+    return codes->kind == 1 ? (float)(int8_t)code : codes->table[code];
+}
+
+/* One row's KV head in a quantized pool: the blocks its window reaches are turned into float keys ([D][bs] per
+ * block) and values ([bs][D]), each token times its scale, in `buffers`; the float attention then reads them there. */
+static void attend_codes(const float *queries, const uint8_t *k_head, const uint8_t *v_head, const int64_t *table,
+                         int64_t len, float *out, float *scratch, float *buffers, int64_t group, int64_t head_dim,
+                         int64_t block_size, int64_t max_len, float scale, const struct variant *variant,
+                         const float *sinks, const struct kv_codes *codes, int64_t kvh) {
+    const struct row_span rows = row_span(len, variant->window, block_size);
+    const int64_t num_blocks = (rows.span + block_size - 1) / block_size, block_floats = block_size * head_dim;
+    int64_t *local = (int64_t *)(((uintptr_t)buffers + 7) & ~(uintptr_t)7);
+    float *keys = (float *)(local + num_blocks), *values = keys + num_blocks * block_floats;
+    const float *k_scales = codes->k_scales + kvh * codes->scale_head_stride;
+    const float *v_scales = codes->v_scales + kvh * codes->scale_head_stride;
+    for (int64_t j = 0; j < num_blocks; j++) {
+        const int64_t block = table[rows.first_block + j];
+        const int64_t n = rows.span - j * block_size < block_size ? rows.span - j * block_size : block_size;
+        const uint8_t *k_block = k_head + block * block_floats, *v_block = v_head + block * block_floats;
+        float *k_out = keys + j * block_floats, *v_out = values + j * block_floats;
+        local[j] = j;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t slot = block * block_size + i;
+            const float k_scale = k_scales[slot * codes->scale_token_stride];
+            const float v_scale = v_scales[slot * codes->scale_token_stride];
+            for (int64_t d = 0; d < head_dim; d++) {
+                k_out[d * block_size + i] = code_value(codes, k_block[d * block_size + i]) * k_scale;
+                v_out[i * head_dim + d] = code_value(codes, v_block[i * head_dim + d]) * v_scale;
+            }
+        }
+    }
+    attend_blocks(queries, keys, values, local, rows.span, rows.skipped, out, scratch, group, head_dim, block_size,
+                  max_len, scale, variant->softcap, sinks);
+}
+
+/* The e4m3fn byte nearest x (ties to the even byte, saturating at +-448), as torch converts: a binary search of the
+ * table's non-negative values, which grow with their bytes 0..126. */
+static uint8_t e4m3_code(float x, const float *table) {
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float magnitude = fabsf(x);
+    if (magnitude >= table[126]) return sign | 126;
+    int lo = 0, hi = 126; /* table[lo] <= magnitude < table[hi] */
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (table[mid] <= magnitude) lo = mid;
+        else hi = mid;
+    }
+    const float below = magnitude - table[lo], above = table[hi] - magnitude;
+    return sign | (uint8_t)(below < above ? lo : above < below ? hi : (lo & 1 ? hi : lo));
+}
+
+/* Stores one KV head's new key (transposed within its block) and value as codes at `slot`: int8 with the token's own
+ * scales (amax / 127, written beside), fp8 divided by the layer's. As kv_quant.py quantizes, to the bit. */
+static void store_codes(uint8_t *k_head, uint8_t *v_head, int64_t slot, const float *key, const float *value,
+                        int64_t head_dim, int64_t block_size, const struct kv_codes *codes, int64_t kvh) {
+    float *scale_of[2] = {codes->k_scales + kvh * codes->scale_head_stride + slot * codes->scale_token_stride,
+                          codes->v_scales + kvh * codes->scale_head_stride + slot * codes->scale_token_stride};
+    const float *sources[2] = {key, value};
+    uint8_t *k_column = k_head + (slot / block_size) * head_dim * block_size + slot % block_size;
+    uint8_t *targets[2] = {k_column, v_head + slot * head_dim};
+    const int64_t steps[2] = {block_size, 1};
+    for (int kv = 0; kv < 2; kv++) {
+        const float *x = sources[kv];
+        float scale = *scale_of[kv];
+        if (codes->kind == 1) {
+            float amax = 0.0f;
+            for (int64_t d = 0; d < head_dim; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+            scale = (amax < 1.27e-6f ? 1.27e-6f : amax) / 127.0f;
+            *scale_of[kv] = scale;
+        }
+        for (int64_t d = 0; d < head_dim; d++) {
+            const float scaled = x[d] / scale;
+            uint8_t code;
+            if (codes->kind == 1) {
+                const float rounded = nearbyintf(scaled);
+                code = (uint8_t)(int8_t)(rounded > 127.0f ? 127.0f : rounded < -127.0f ? -127.0f : rounded);
+            } else {
+                code = e4m3_code(scaled, codes->table);
+            }
+            targets[kv][d * steps[kv]] = code;
+        }
+    }
+}
+
+/* One row's KV head in either pool: float (codes NULL) or quantized; `buffers` is attend_codes' scratch. */
+static void attend_any(const float *queries, const void *k_head, const void *v_head, const int64_t *table,
+                       int64_t len, float *out, float *scratch, float *buffers, int64_t group, int64_t head_dim,
+                       int64_t block_size, int64_t max_len, float scale, const struct variant *variant,
+                       const float *sinks, const struct kv_codes *codes, int64_t kvh) {
+    if (codes == NULL)
+        attend(queries, k_head, v_head, table, len, out, scratch, group, head_dim, block_size, max_len, scale, variant,
+               sinks);
+    else
+        attend_codes(queries, k_head, v_head, table, len, out, scratch, buffers, group, head_dim, block_size, max_len,
+                     scale, variant, sinks, codes, kvh);
+}
+
 /* out[b, h] = softmax_t(scale * q[b, h] . K[b, t]) . V[b, t] over t < context_lens[b] (the latest `window` of
- * them when window > 0), soft-capped when softcap > 0, with sinks [H] unless NULL; scratch holds
- * num_heads / num_kv_heads * max_len floats. */
-void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
+ * them when window > 0), soft-capped when softcap > 0, with sinks [H] unless NULL; the pool holds float32, or codes
+ * when `codes` is not NULL. scratch holds num_heads / num_kv_heads * max_len floats, and the codes' buffers more
+ * (cpu_decode_kernel.py's codes_scratch_floats). */
+void paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, const int64_t *block_tables,
                             const int64_t *context_lens, float *out, float *scratch, int64_t batch,
                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                             int64_t block_size, int64_t table_width, int64_t max_len, float scale, int64_t window,
-                            float softcap, const float *sinks) {
+                            float softcap, const float *sinks, const struct kv_codes *codes) {
     const int64_t group = num_heads / num_kv_heads;
     const struct variant variant = {window, softcap};
-    const int64_t head_stride = num_blocks * block_size * head_dim;
+    const int64_t head_stride = num_blocks * block_size * head_dim * (codes == NULL ? sizeof(float) : 1);
     for (int64_t b = 0; b < batch; b++)
         for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
             const int64_t first = (b * num_heads + kvh * group) * head_dim; /* the group's heads, adjacent */
-            attend(q + first, k_cache + kvh * head_stride, v_cache + kvh * head_stride, block_tables + b * table_width,
-                   context_lens[b], out + first, scratch, group, head_dim, block_size, max_len, scale, &variant,
-                   sinks != NULL ? sinks + kvh * group : NULL);
+            attend_any(q + first, (const char *)k_cache + kvh * head_stride, (const char *)v_cache + kvh * head_stride,
+                       block_tables + b * table_width, context_lens[b], out + first, scratch, scratch + group * max_len,
+                       group, head_dim, block_size, max_len, scale, &variant, sinks != NULL ? sinks + kvh * group : NULL,
+                       codes, kvh);
         }
 }
 
 /* A step of decode rows only, row b being the step's token b: stores each row's new key (transposed within its
- * block) and value at slots[b], then attends as paged_decode_attention. One pass per row, so the lines the stores
- * bring in are the ones its attention reads next, rather than a scatter over every row before any attention.
- * q [B, H, D], k_new and v_new [B, Hkv, D] are strided views (token stride, head stride; D contiguous), as the
- * model's projections leave them. scratch holds group * (max_len + head_dim) floats. */
+ * block) and value at slots[b] (as codes when `codes` is not NULL), then attends as paged_decode_attention. One
+ * pass per row, so the lines the stores bring in are the ones its attention reads next, rather than a scatter over
+ * every row before any attention. q [B, H, D], k_new and v_new [B, Hkv, D] are strided views (token stride, head
+ * stride; D contiguous), as the model's projections leave them. scratch holds group * (max_len + head_dim) floats,
+ * and the codes' buffers more. */
 void paged_decode_step(const float *q, int64_t q_token_stride, int64_t q_head_stride, const float *k_new,
                        int64_t k_token_stride, int64_t k_head_stride, const float *v_new, int64_t v_token_stride,
-                       int64_t v_head_stride, float *k_cache, float *v_cache, const int64_t *slots,
+                       int64_t v_head_stride, void *k_cache, void *v_cache, const int64_t *slots,
                        const int64_t *block_tables, const int64_t *context_lens, float *out, float *scratch,
                        int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                        int64_t block_size, int64_t table_width, int64_t max_len, float scale, int64_t window,
-                       float softcap, const float *sinks) {
+                       float softcap, const float *sinks, const struct kv_codes *codes) {
     const int64_t group = num_heads / num_kv_heads;
-    const int64_t head_stride = num_blocks * block_size * head_dim;
+    const int64_t head_elements = num_blocks * block_size * head_dim;
+    const int64_t head_stride = head_elements * (codes == NULL ? sizeof(float) : 1);
     const struct variant variant = {window, softcap};
     float *queries = scratch + group * max_len; /* the group's queries, copied adjacent */
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
-            float *k_head = k_cache + kvh * head_stride, *v_head = v_cache + kvh * head_stride;
-            store_key(k_head, slots[b], k_new + b * k_token_stride + kvh * k_head_stride, head_dim, block_size);
-            memcpy(v_head + slots[b] * head_dim, v_new + b * v_token_stride + kvh * v_head_stride,
-                   head_dim * sizeof(float));
+            char *k_head = (char *)k_cache + kvh * head_stride, *v_head = (char *)v_cache + kvh * head_stride;
+            const float *key = k_new + b * k_token_stride + kvh * k_head_stride;
+            const float *value = v_new + b * v_token_stride + kvh * v_head_stride;
+            if (codes == NULL) {
+                store_key((float *)k_head, slots[b], key, head_dim, block_size);
+                memcpy((float *)v_head + slots[b] * head_dim, value, head_dim * sizeof(float));
+            } else {
+                store_codes((uint8_t *)k_head, (uint8_t *)v_head, slots[b], key, value, head_dim, block_size, codes,
+                            kvh);
+            }
             for (int64_t g = 0; g < group; g++)
                 memcpy(queries + g * head_dim, q + b * q_token_stride + (kvh * group + g) * q_head_stride,
                        head_dim * sizeof(float));
-            attend(queries, k_head, v_head, block_tables + b * table_width, context_lens[b],
-                   out + (b * num_heads + kvh * group) * head_dim, scratch, group, head_dim, block_size, max_len,
-                   scale, &variant, sinks != NULL ? sinks + kvh * group : NULL);
+            attend_any(queries, k_head, v_head, block_tables + b * table_width, context_lens[b],
+                       out + (b * num_heads + kvh * group) * head_dim, scratch, queries + group * head_dim, group,
+                       head_dim, block_size, max_len, scale, &variant, sinks != NULL ? sinks + kvh * group : NULL,
+                       codes, kvh);
         }
     }
 }

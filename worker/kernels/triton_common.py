@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.kernels.kv_quant import KVCacheDtype
 from worker.kernels.layer_variant import LayerVariant
 
 LOG2_E = 1.4426950408889634  # the kernels keep scores in base 2, for exp2
@@ -89,3 +90,39 @@ def dot(a, b, PRECISION: tl.constexpr, IS_INTERPRETED: tl.constexpr):
     if IS_INTERPRETED:
         a, b = a.to(tl.float32), b.to(tl.float32)
     return tl.dot(a, b, input_precision=PRECISION)
+
+
+def codes_arguments(
+    kv_dtype: KVCacheDtype, scales: tuple[torch.Tensor, torch.Tensor] | None, placeholder: torch.Tensor
+) -> dict[str, Any]:
+    """The kernels' arguments for a quantized pool: its kind of codes and the layer's K and V scales ([Hkv, slots],
+    addressed through their strides); for a float pool, `placeholder` (never read) and KV_CODES 0."""
+    if scales is None:
+        return {"k_scales_ptr": placeholder, "v_scales_ptr": placeholder, "stride_sh": 0, "stride_st": 0, "KV_CODES": 0}
+    k_scales, v_scales = scales
+    stride_sh, stride_st = k_scales.stride()
+    return {
+        "k_scales_ptr": k_scales,
+        "v_scales_ptr": v_scales,
+        "stride_sh": stride_sh,
+        "stride_st": stride_st,
+        "KV_CODES": kv_dtype.code,
+    }
+
+
+@triton.jit
+def load_kv(ptrs, mask_nd, scales_ptr, slots, mask_n, KV_CODES: tl.constexpr):
+    """[N, D] keys or values from the pool: as stored, or float32 codes times their tokens' scales (KV_CODES 1: int8;
+    2: float8 e4m3fn bytes, whose sign, exponent and mantissa bits are decoded here, as the interpreter has no fp8)."""
+    kv = tl.load(ptrs, mask=mask_nd, other=0)
+    if KV_CODES == 1:
+        kv = kv.to(tl.float32) * tl.load(scales_ptr + slots, mask=mask_n, other=0.0)[:, None]
+    elif KV_CODES == 2:
+        bits = kv.to(tl.int32)
+        exponent = (bits >> 3) & 15
+        mantissa = (bits & 7).to(tl.float32)
+        normal = (8.0 + mantissa) * tl.exp2((exponent - 10).to(tl.float32))  # (1 + m / 8) * 2 ** (e - 7)
+        magnitude = tl.where(exponent == 0, mantissa * 0.001953125, normal)  # subnormals: m * 2 ** -9
+        scales = tl.load(scales_ptr + slots, mask=mask_n, other=0.0)  # [N], scales_ptr at the KV head's first
+        kv = tl.where((bits & 128) != 0, -magnitude, magnitude) * scales[:, None]
+    return kv

@@ -17,14 +17,17 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.kernels.kv_quant import KVCacheDtype
 from worker.kernels.layer_variant import LayerVariant
 from worker.kernels.triton_common import (
     KERNEL_LOG2_E,
     capped_scores,
+    codes_arguments,
     dot,
     dot_precision,
     is_interpreted,
     kv_strides,
+    load_kv,
     padded_size,
     tile_size,
     variant_arguments,
@@ -66,6 +69,10 @@ def _decode_kernel(
     scale_log2,  # softmax scale times log2(e)
     cap_scale,  # with HAS_SOFTCAP: scale / softcap
     cap_log2,  # with HAS_SOFTCAP: softcap * log2(e)
+    k_scales_ptr,  # a quantized pool's K scales, at (KV head, slot) through the two strides below (KV_CODES > 0)
+    v_scales_ptr,
+    stride_sh,
+    stride_st,
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -75,6 +82,7 @@ def _decode_kernel(
     IS_INTERPRETED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    KV_CODES: tl.constexpr,  # 0: the pool holds K/V as they are; 1: int8 codes; 2: float8 e4m3fn bytes
 ):
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(context_lens_ptr + row)
@@ -96,6 +104,7 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     kv_head = kv_head.to(tl.int64)  # a large pool's offsets pass 2**31 elements
     k_head, v_head = k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh
+    k_scales, v_scales = k_scales_ptr + kv_head * stride_sh, v_scales_ptr + kv_head * stride_sh
     for tile in range(start, end, BLOCK_N):
         offs_n = tile + tl.arange(0, BLOCK_N)  # [N] token positions in the row
         mask_n = offs_n < end
@@ -105,7 +114,8 @@ def _decode_kernel(
         within = offs_n % block_size
         mask_nd = mask_n[:, None] & mask_d[None, :]
         k_ptrs = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_kt + offs_d[None, :] * stride_kd
-        keys = tl.load(k_ptrs, mask=mask_nd, other=0.0)  # [N, D]
+        slots = (blocks * block_size + within) * stride_st
+        keys = load_kv(k_ptrs, mask_nd, k_scales, slots, mask_n, KV_CODES).to(query.dtype)  # [N, D]
         products = dot(query, tl.trans(keys), DOT_PRECISION, IS_INTERPRETED)
         scores = capped_scores(products, scale_log2, cap_scale, cap_log2, HAS_SOFTCAP)  # [G, N]
         scores = tl.where(mask_n[None, :], scores, float("-inf"))
@@ -114,7 +124,7 @@ def _decode_kernel(
         probs = tl.exp2(scores - new_max[:, None])  # [G, N]
         sum_exp = sum_exp * rescale + tl.sum(probs, 1)
         v_ptrs = v_head + blocks[:, None] * stride_vb + within[:, None] * stride_vt + offs_d[None, :] * stride_vd
-        values = tl.load(v_ptrs, mask=mask_nd, other=0.0)  # [N, D]
+        values = load_kv(v_ptrs, mask_nd, v_scales, slots, mask_n, KV_CODES).to(query.dtype)  # [N, D]
         acc = acc * rescale[:, None] + dot(probs.to(values.dtype), values, DOT_PRECISION, IS_INTERPRETED)
         max_score = new_max
 
@@ -174,6 +184,8 @@ def paged_decode(
     variant: LayerVariant,
     num_splits: int = 1,  # a power of two
     keys_transposed: bool = False,
+    kv_dtype: KVCacheDtype = KVCacheDtype.AUTO,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # a quantized pool's layer's K and V scales [Hkv, slots]
 ) -> None:
     if num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, not {num_splits}")
@@ -204,6 +216,7 @@ def paged_decode(
         head_dim,
         **decode_constants(num_heads // num_kv_heads, head_dim, query.dtype, num_splits),
         **variant_args,
+        **codes_arguments(kv_dtype, scales, out),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_rows, num_heads)](

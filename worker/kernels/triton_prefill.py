@@ -15,13 +15,16 @@ import torch
 import triton
 import triton.language as tl
 
+from worker.kernels.kv_quant import KVCacheDtype
 from worker.kernels.layer_variant import LayerVariant
 from worker.kernels.triton_common import (
     capped_scores,
+    codes_arguments,
     dot,
     dot_precision,
     is_interpreted,
     kv_strides,
+    load_kv,
     padded_size,
     tile_size,
     variant_arguments,
@@ -61,6 +64,10 @@ def _prefill_kernel(
     scale_log2,  # softmax scale times log2(e)
     cap_scale,  # with HAS_SOFTCAP: scale / softcap
     cap_log2,  # with HAS_SOFTCAP: softcap * log2(e)
+    k_scales_ptr,  # a quantized pool's K scales, at (KV head, slot) through the two strides below (KV_CODES > 0)
+    v_scales_ptr,
+    stride_sh,
+    stride_st,
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -69,6 +76,7 @@ def _prefill_kernel(
     IS_INTERPRETED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    KV_CODES: tl.constexpr,  # 0: the pool holds K/V as they are; 1: int8 codes; 2: float8 e4m3fn bytes
 ):
     chunk, tile, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     query_len = tl.load(query_lens_ptr + chunk)
@@ -90,6 +98,7 @@ def _prefill_kernel(
     kv_head = head // GROUP
     kv_head = kv_head.to(tl.int64)  # a large pool's offsets pass 2**31 elements
     k_head, v_head = k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh
+    k_scales, v_scales = k_scales_ptr + kv_head * stride_sh, v_scales_ptr + kv_head * stride_sh
     kv_end = context_start + tl.minimum((tile + 1) * BLOCK_M, query_len)  # one past the tile's last query
     kv_start = tl.where(window > 0, tl.maximum(context_start + tile * BLOCK_M - window + 1, 0), 0)  # its first's
     for kv_tile in range(kv_start, kv_end, BLOCK_N):
@@ -101,7 +110,8 @@ def _prefill_kernel(
         within = offs_n % block_size
         mask_nd = mask_n[:, None] & mask_d[None, :]
         k_ptrs = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_kt + offs_d[None, :] * stride_kd
-        keys = tl.load(k_ptrs, mask=mask_nd, other=0.0)  # [N, D]
+        slots = (blocks * block_size + within) * stride_st
+        keys = load_kv(k_ptrs, mask_nd, k_scales, slots, mask_n, KV_CODES).to(query.dtype)  # [N, D]
         products = dot(query, tl.trans(keys), DOT_PRECISION, IS_INTERPRETED)
         scores = capped_scores(products, scale_log2, cap_scale, cap_log2, HAS_SOFTCAP)  # [M, N]
         is_visible = (offs_n[None, :] <= positions[:, None]) & mask_n[None, :]
@@ -115,7 +125,7 @@ def _prefill_kernel(
         probs = tl.exp2(scores - new_max[:, None])  # [M, N]
         sum_exp = sum_exp * rescale + tl.sum(probs, 1)
         v_ptrs = v_head + blocks[:, None] * stride_vb + within[:, None] * stride_vt + offs_d[None, :] * stride_vd
-        values = tl.load(v_ptrs, mask=mask_nd, other=0.0)  # [N, D]
+        values = load_kv(v_ptrs, mask_nd, v_scales, slots, mask_n, KV_CODES).to(query.dtype)  # [N, D]
         acc = acc * rescale[:, None] + dot(probs.to(values.dtype), values, DOT_PRECISION, IS_INTERPRETED)
         max_score = new_max
 
@@ -138,6 +148,8 @@ def paged_prefill(
     out: torch.Tensor,  # [N, H, D] contiguous: the chunks' attention is written at their spans
     variant: LayerVariant,
     keys_transposed: bool = False,
+    kv_dtype: KVCacheDtype = KVCacheDtype.AUTO,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # a quantized pool's layer's K and V scales [Hkv, slots]
 ) -> None:
     """Attention of every chunk's queries over its row's K/V in the pool, which must already hold the chunk's own."""
     _, num_heads, head_dim = query.shape
@@ -162,6 +174,7 @@ def paged_prefill(
         head_dim,
         **constants,
         **variant_arguments(variant, out),
+        **codes_arguments(kv_dtype, scales, out),
     )
 
 

@@ -18,6 +18,7 @@ from tasks.batches.messages import ChunkTask
 from tasks.batches.models import BatchLine, BatchRecord, LineStatus
 from tasks.batches.store import claim_chunk, renew_lease, stop_status
 from tasks.config import Config
+from tasks.messages.embeddings import is_embed_request
 from tasks.messages.generation import FinishReason, GenerateRequest
 from tasks.messages.steering import SteeringSource, SteeringSpec
 from tasks.steering_store import default_steering
@@ -25,6 +26,7 @@ from tasks.store.db import SessionFactory
 from worker.engine.interface import BULK_PRIORITY, Engine, EngineOutput
 from worker.serving.batch_inbox import ChunkInbox
 from worker.serving.batch_stops import StopWatcher
+from worker.serving.embeddings.batch_lines import embed_lines
 from worker.serving.metrics import ServingMetrics
 from worker.serving.task_runner import TaskRunner
 from worker.text.choice import Choice, start_choice
@@ -105,6 +107,13 @@ class ChunkRunner(TaskRunner):
         if not lines:
             logger.info("chunk %s has nothing left to run; skipping the redelivery", task.chunk_id)
             return
+        if is_embed_request(lines[0].request or {}):  # a batch's lines all go to its one endpoint
+            embed_lines(self, task.batch_id, owner, lines)
+        else:
+            self._generate(task, owner, lines)
+        self._after_chunk(task.batch_id)
+
+    def _generate(self, task: ChunkTask, owner: str, lines: list[BatchLine]) -> None:
         chunk = _Chunk(task, owner, {})
         self._stops.watch(task.batch_id, chunk.inbox.stop)
         try:
@@ -114,7 +123,6 @@ class ChunkRunner(TaskRunner):
             self._stops.forget(task.batch_id, chunk.inbox.stop)
             for request_id in chunk.runs:
                 self.engine.cancel(request_id)
-        self._after_chunk(task.batch_id)
 
     def _submit_all(self, chunk: _Chunk, lines: list[BatchLine]) -> None:
         """Every choice of every line into the engine at once, at bulk priority."""

@@ -21,11 +21,8 @@ from tasks.messages.generation import (
     UsageDetails,
 )
 from tasks.messages.steering import SteeringSource, SteeringSpec
-from tasks.reapers.orphans import fail_if_orphaned
 from tasks.steering_store import default_steering
 from tasks.store.finish import RESULT_NOT_RECORDED, finish_request
-from tasks.store.models import TERMINAL_STATUSES, RequestStatus
-from tasks.store.request_store import claim_request
 from tasks.streams.cancel_flags import is_cancel_requested
 from tasks.streams.events import append_event
 from worker.serving.cancel_watcher import CancelWatcher
@@ -67,62 +64,75 @@ class GenerationHandler(TaskRunner):
         self.outputs.stop()
 
     def handle(self, request: GenerateRequest) -> None:
-        if not self._claim(request):
-            return
+        """The engine starts on the request before the claim's SQL round trips, so they overlap its prefill instead of
+        preceding it; its outputs wait, unapplied and unwritten, until the claim says the request is this run's (one
+        that is not is cancelled in the engine, and nothing of it reaches the stream or the database)."""
+        followed, start_error = self._start(request)
         try:
-            if is_cancel_requested(self.redis, self.config, request.request_id):
-                outcome = Outcome.ended(FinishReason.ABORT)
-            else:
-                self._emit(request.request_id, StreamEvent(EventType.START))
-                outcome = self._run(request)
+            if not self.claim(request.request_id):
+                return
+            try:
+                outcome = self._outcome_of(request, followed, start_error)
+            except Exception as exc:
+                # Redis or the database failed mid-request: still leave exactly one result, if they let us.
+                logger.exception("request %s failed in the worker", request.request_id)
+                self.metrics.count_error(exc)
+                outcome = Outcome.ended(None, ErrorInfo("The worker failed while generating.", "server_error"))
+            self._finish(request, outcome)
+        finally:
+            if followed is not None:
+                self._drop(followed)
+
+    def _start(self, request: GenerateRequest) -> tuple[FollowedRequest | None, Exception | None]:
+        """The request's choices submitted to the engine (those submitted, and the error, if one failed)."""
+        followed = None
+        try:
+            steering, source = self._steering_for(request)
+            report = SteeringReport(engine_request_id(request, 0), request.monitor, source)
+            followed = FollowedRequest(request, report)
+            on_output = partial(self.outputs.put, followed)
+            for index in range(request.num_choices):  # one by one, so a failed submit still cancels those before it
+                choice = start_choice(self.engine, self.tokenizer, request, index, on_output, steering)
+                followed.choices[choice.engine_request_id] = choice
         except Exception as exc:
-            # Redis or the database failed mid-request: still leave exactly one result, if they let us.
-            logger.exception("request %s failed in the worker", request.request_id)
-            self.metrics.count_error(exc)
-            outcome = Outcome.ended(None, ErrorInfo("The worker failed while generating.", "server_error"))
-        self._finish(request, outcome)
+            return followed, exc
+        return followed, None
 
-    def _claim(self, request: GenerateRequest) -> bool:
-        """False when there is nothing to run: unknown, already finished, or redelivered after a worker died."""
-        with self.sessions() as session:
-            previous = claim_request(session, request.request_id, self.worker)
-        if previous is None:
-            logger.warning("request %s is not in the database; dropping it", request.request_id)
-            return False
-        if previous in TERMINAL_STATUSES:
-            logger.info("request %s already finished; skipping the redelivery", request.request_id)
-            return False
-        if previous == RequestStatus.RUNNING:
-            # Another worker took it: rerunning could repeat text a client has already seen. If that worker died,
-            # the request ends as the reapers end it; if it lives, it is still running there.
-            fail_if_orphaned(self.sessions, self.redis, self.config, request.request_id)
-            return False
-        return True
+    def _outcome_of(
+        self, request: GenerateRequest, followed: FollowedRequest | None, start_error: Exception | None
+    ) -> Outcome:
+        if start_error is not None:
+            raise start_error
+        assert followed is not None, "_start returns a followed request or an error"
+        if is_cancel_requested(self.redis, self.config, request.request_id):
+            self._drop(followed)  # before the result is recorded, as `_run` does
+            return Outcome.ended(FinishReason.ABORT)
+        self._emit(request.request_id, StreamEvent(EventType.START))
+        return self._run(followed)
 
-    def _run(self, request: GenerateRequest) -> Outcome:
-        steering, source = self._steering_for(request)
-        report = SteeringReport(engine_request_id(request, 0), request.monitor, source)
-        followed = FollowedRequest(request, report)
-        on_output = partial(self.outputs.put, followed)
+    def _run(self, followed: FollowedRequest) -> Outcome:
+        request = followed.request
 
         def on_cancel(_: bool) -> None:
             self._cancel(followed)
 
         try:
-            for index in range(request.num_choices):  # one by one, so a failed submit still cancels those before it
-                choice = start_choice(self.engine, self.tokenizer, request, index, on_output, steering)
-                followed.choices[choice.engine_request_id] = choice
             self.cancels.watch(request.request_id, on_cancel)
             self.outputs.follow(followed)
             error = self._wait(followed)
         finally:
             self.cancels.forget(request.request_id, on_cancel)
-            self.outputs.forget(followed)  # from here on the choices are ours alone to read
-            self._cancel(followed)  # a no-op for choices the engine has finished
+            self._drop(followed)  # from here on the choices are ours alone to read
         outcome = _outcome(list(followed.choices.values()), request.n, error)
+        report = followed.report
         return dataclasses.replace(
             outcome, steering=report.steering(), monitor=report.monitor(self.tokenizer), is_steered=report.is_steered
         )
+
+    def _drop(self, followed: FollowedRequest) -> None:
+        """No more of its outputs are applied, and its choices end in the engine (a no-op for those that ended)."""
+        self.outputs.forget(followed)
+        self._cancel(followed)
 
     def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, SteeringSource]:
         """The request's own steering, else its tenant's profile, else the worker-wide one. The worker reads the

@@ -23,6 +23,7 @@ from tasks.messages.generation import FinishReason, GenerateRequest
 from tasks.streams.worker_stats import BULK, INTERACTIVE, METRIC_PREFIX, MetricFamily, WorkerStats
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import BULK_PRIORITY, INTERACTIVE_PRIORITY
+from worker.engine.model_runner import ModelRunner
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards and quantiles read the same
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -152,10 +153,10 @@ def collect_families(registry: CollectorRegistry) -> list[MetricFamily]:
 
 
 def worker_stats(
-    worker: str, model: str, quantization: str, engine: ContinuousEngine, registry: CollectorRegistry
+    worker: str, model: str, runner: ModelRunner, engine: ContinuousEngine, registry: CollectorRegistry
 ) -> WorkerStats:
     """What the lease thread publishes: `registry` holds the serving metrics and an EngineCollector of `engine`;
-    `quantization` is the model's (Quantization.name)."""
+    `runner` says how the model's weights and KV pool are stored."""
     load = engine.load()
     return WorkerStats(
         worker=worker,
@@ -169,5 +170,7 @@ def worker_stats(
         kv_cache_usage=load.kv_cache_usage,
         engine=engine.stats.to_dict(),
         families=collect_families(registry),
-        quantization=quantization,
+        quantization=runner.quantization.name,
+        kv_cache_dtype=runner.kv_cache_dtype_name,
+        kv_cache_tokens=runner.kv_pool.num_tokens,
     )

@@ -44,6 +44,8 @@ class FollowedRequest:
     is_forgotten: bool = False  # the processor's lock: its outputs are dropped from now on
     is_in_pass: bool = False  # the processor's lock: a pass has taken outputs of it and not yet written their events
     last_token_at: float | None = None  # the processor's thread: unix seconds of the last pass that wrote its tokens
+    # the processor's thread: when its stream's expiry was last set, or before (its START event sets it later)
+    expiry_set_at: float = field(default_factory=time.monotonic)
 
     def apply(
         self, outputs: list[EngineOutput], tokenizer: PreTrainedTokenizerFast, engine: Engine
@@ -179,6 +181,7 @@ class OutputProcessor:
         entries: list[tuple[str, dict]] = []
         written = []
         with_tokens = []
+        expire_keys = []
         for followed, outputs in taken:
             try:
                 events = followed.apply(outputs, self._tokenizer, self._engine)
@@ -190,11 +193,13 @@ class OutputProcessor:
             key = self._keys.request_stream(followed.request.request_id)
             entries.extend((key, event.to_dict()) for event in events)
             written.append(followed)
+            if events and self._is_expiry_due(followed):
+                expire_keys.append(key)
             if any(event.token_ids for event in events):
                 with_tokens.append(followed)
         try:
             if entries:
-                append_json_to_streams(self._client, self._config, entries)
+                append_json_to_streams(self._client, self._config, entries, expire_keys)
         except redis.RedisError as exc:
             logger.warning("writing %d stream events of %d requests failed: %s", len(entries), len(written), exc)
             self._metrics.count_error(exc)
@@ -204,6 +209,16 @@ class OutputProcessor:
         for followed in written:
             if followed.failure is not None or followed.has_ended:
                 self._end(followed)
+
+    def _is_expiry_due(self, followed: FollowedRequest) -> bool:
+        """Whether to renew the stream's expiry with this pass: once half of it has run, so that a stream lives at
+        least half of `stream_ttl_s` past its last entry while it runs (its FINAL event sets the whole of it again),
+        for one EXPIRE per request in a long while rather than one per pass."""
+        now = time.monotonic()
+        if now - followed.expiry_set_at < self._config.stream_ttl_s / 2:
+            return False
+        followed.expiry_set_at = now
+        return True
 
     def _time_tokens(self, with_tokens: list[FollowedRequest]) -> None:
         """First-token and inter-token latencies of the requests whose tokens this pass wrote, as clients see them."""

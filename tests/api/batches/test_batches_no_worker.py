@@ -166,7 +166,7 @@ def test_bad_create_requests_are_refused(api: tuple[Config, FlaskClient]) -> Non
     base = {"input_file_id": "file-missing", "endpoint": CHAT_URL, "completion_window": "24h"}
     assert client.post("/v1/batches", json=base).status_code == 404
     assert (
-        client.post("/v1/batches", json={**base, "endpoint": "/v1/embeddings"}).get_json()["error"]["param"]
+        client.post("/v1/batches", json={**base, "endpoint": "/v1/moderations"}).get_json()["error"]["param"]
         == "endpoint"
     )
     assert client.post("/v1/batches", json={**base, "completion_window": "1h"}).status_code == 400

@@ -68,6 +68,7 @@ CASES = [
     (CHAT, lambda m: chat(m, top_logprobs=3), "top_logprobs", None),
     (CHAT, lambda m: chat(m, logprobs=True, top_logprobs=21), "top_logprobs", None),
     (CHAT, lambda m: chat(m, stream_options={"include_usage": True}), "stream_options", None),
+    (CHAT, lambda m: chat(m, return_token_ids=True), "return_token_ids", None),
     (CHAT, lambda m: chat(m, unknown_field=1), "unknown_field", None),
     (CHAT, lambda m: chat(m, messages=[{"role": "user", "content": "word " * 5000}]), "messages",
      "context_length_exceeded"),

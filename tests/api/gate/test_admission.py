@@ -7,6 +7,7 @@ view ends gives its slot back."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,8 +191,8 @@ def test_every_ending_gives_the_slot_back(make_client) -> None:  # type: ignore[
 
 def test_a_burst_refused_together_is_told_to_come_back_spread_out() -> None:
     gate = AdmissionGate(slots=4, wait_s=0.5)
-    hints = [gate.retry_after_s() for _ in range(8)]  # refused at (nearly) the same moment
-    assert 0.5 <= hints[0] < 0.6
+    hints = [gate.retry_after_s() for _ in range(8)]  # refused at (nearly) the same moment, with nobody in line
+    assert 0.01 <= hints[0] < 0.1  # one admission's time: 0.05 s / 4 slots at first
     spacings = [later - earlier for earlier, later in itertools.pairwise(hints)]
     assert all(spacing > 0.005 for spacing in spacings)  # one admission's time apart (0.05 s / 4 slots at first)
     for _ in range(20):  # admissions that took 0.2 s each: the gate admits slower, so it spaces refusals wider
@@ -200,3 +201,35 @@ def test_a_burst_refused_together_is_told_to_come_back_spread_out() -> None:
         gate.release(acquired_at - 0.2)
     wider = [gate.retry_after_s() for _ in range(2)]
     assert wider[1] - wider[0] > 2 * spacings[0]
+
+
+def test_a_burst_waits_in_line_and_what_could_not_drain_in_time_is_refused_at_once() -> None:
+    """One slot held for 0.5 s and 50 callers at once: at the first measure (0.05 s an admission) a line of 40 drains
+    within the 2 s wait, so 40 wait their turn and are admitted; the other 10 are refused at once, each told to come
+    back after the one before it, once the line will have drained."""
+    gate = AdmissionGate(slots=1, wait_s=2.0)
+    held_since = gate.acquire()
+    assert held_since is not None
+    outcomes: list[tuple[bool, float, float | None]] = []
+
+    def caller() -> None:
+        started = time.monotonic()
+        acquired_at = gate.acquire()
+        hint = None if acquired_at is not None else gate.retry_after_s()
+        outcomes.append((acquired_at is not None, time.monotonic() - started, hint))
+        if acquired_at is not None:
+            gate.release(acquired_at)
+
+    callers = [threading.Thread(target=caller) for _ in range(50)]
+    for thread in callers:
+        thread.start()
+    time.sleep(0.5)
+    gate.release(held_since)
+    for thread in callers:
+        thread.join(10)
+    admitted = [waited_s for is_admitted, waited_s, _ in outcomes if is_admitted]
+    refused = [(waited_s, hint) for is_admitted, waited_s, hint in outcomes if not is_admitted]
+    assert (len(admitted), len(refused)) == (40, 10)
+    assert max(admitted) < 2.0 and max(waited_s for waited_s, _ in refused) < 0.3
+    hints = sorted(hint for _, hint in refused)  # about 2 s (40 in line, 0.05 s each), then 0.05 s apart
+    assert hints[0] > 1.0 and hints[-1] < 10 and all(b > a for a, b in itertools.pairwise(hints))

@@ -58,7 +58,7 @@ def test_no_key_and_a_public_address_refuses_to_start(config: Config) -> None:
     output, _ = api.communicate(timeout=START_TIMEOUT_S)
     assert api.returncode != 0
     assert "refusing to serve on 0.0.0.0 with no API key" in output
-    assert "scripts.api_keys create" in output  # and says what to do
+    assert "scripts.cli.api_keys create" in output  # and says what to do
 
 
 @pytest.mark.parametrize("key_source", ["API_KEY", "a key in SQL"])

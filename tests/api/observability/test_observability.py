@@ -44,7 +44,7 @@ def publish_worker(config: Config, name: str, num_ttft: int) -> None:
     for _ in range(num_ttft):
         metrics.time_to_first_token.observe(0.05)
     stats = WorkerStats(name, config.model_name, time.time(), 2, {INTERACTIVE: 1, BULK: 3}, 0.25, {},
-                        collect_families(metrics.registry), QUANTIZATION)  # fmt: skip
+                        collect_families(metrics.registry), QUANTIZATION, "int8", 16384)  # fmt: skip
     client = redis.Redis.from_url(config.redis_url)
     renew_worker_lease(client, config, name)
     publish_worker_stats(client, config, stats)
@@ -72,6 +72,7 @@ def test_ready_is_503_without_a_worker_and_lists_a_live_one(api: tuple[Config, F
     [worker] = model["workers"]
     assert worker["name"] == "w1" and 0 <= worker["heartbeat_age_s"] < LEASE_S
     assert worker["quantization"] == QUANTIZATION
+    assert (worker["kv_cache_dtype"], worker["kv_cache_tokens"]) == ("int8", 16384)
     [listed] = client.get("/v1/models").get_json()["data"]
     assert (listed["id"], listed["quantization"]) == (config.model_name, QUANTIZATION)
     assert model["num_requests_running"] == 2 and model["kv_cache_usage"] == 0.25

@@ -28,6 +28,8 @@ from tests.conftest import make_test_config
 # Flask's static files (none are shipped), the document itself and its Swagger UI page and assets.
 UNDOCUMENTED_ENDPOINTS = {"static", "openapi.document", "swagger_ui.show"}
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
+ANTHROPIC_ERROR_REF = {"$ref": "#/components/schemas/AnthropicErrorResponse"}
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")  # Anthropic's Messages API: errors in its shape
 PUBLIC_PATHS = ("/health", "/health/ready")  # the probes; the document and /docs are not in it
 
 
@@ -74,8 +76,11 @@ def test_the_document_is_valid_openapi_3_1(document: dict[str, Any]) -> None:
     for schema in document["components"]["schemas"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
     assert document["openapi"] == "3.1.0"
-    assert document["components"]["securitySchemes"] == {"bearerAuth": {"type": "http", "scheme": "bearer"}}
-    assert document["security"] == [{"bearerAuth": []}]
+    assert document["components"]["securitySchemes"] == {
+        "bearerAuth": {"type": "http", "scheme": "bearer"},
+        "apiKeyAuth": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+    }
+    assert document["security"] == [{"bearerAuth": []}, {"apiKeyAuth": []}]  # either one
 
 
 def test_request_schemas_are_pydantics_own(document: dict[str, Any]) -> None:
@@ -91,8 +96,11 @@ def test_request_schemas_are_pydantics_own(document: dict[str, Any]) -> None:
 
 
 def test_every_error_is_openai_shaped_and_every_route_but_health_needs_a_key(document: dict[str, Any]) -> None:
+    """OpenAI's shape everywhere but the Messages API's routes, which answer in Anthropic's (except what gunicorn
+    answers before the app sees the request)."""
     error = document["components"]["schemas"]["ErrorBody"]
     assert set(error["required"]) == {"message", "type", "param", "code"}
+    assert set(document["components"]["schemas"]["AnthropicErrorResponse"]["required"]) == {"type", "error"}
     for path, item in document["paths"].items():
         for method, operation in item.items():
             codes = {int(code) for code in operation["responses"]}
@@ -101,7 +109,9 @@ def test_every_error_is_openai_shaped_and_every_route_but_health_needs_a_key(doc
                 if int(code) >= 400:
                     schema = response["content"]["application/json"]["schema"]
                     assert set(response["content"]) == {"application/json"}, (method, path, code)
-                    assert ERROR_REF in (schema, *schema.get("anyOf", ())), (method, path, code)
+                    is_anthropic = path in ANTHROPIC_PATHS and int(code) not in (414, 431)
+                    expected = ANTHROPIC_ERROR_REF if is_anthropic else ERROR_REF
+                    assert expected in (schema, *schema.get("anyOf", ())), (method, path, code)
             is_public = path in PUBLIC_PATHS
             assert operation.get("security") == ([] if is_public else None), (method, path)
             assert (401 in codes) is not is_public, (method, path)

@@ -32,6 +32,15 @@ def test_prompt_logprobs_ride_on_the_choice_or_on_chats_chunk() -> None:
     assert chat_chunk["prompt_logprobs"] == PROMPT_LOGPROBS and "prompt_logprobs" not in chat_chunk["choices"][0]
 
 
+def test_token_ids_make_a_chunk_without_text_only_when_asked_for() -> None:
+    event = StreamEvent(EventType.DELTA, text="", token_ids=[7, 9])
+    assert stream_chunks(meta(Endpoint.COMPLETIONS), event) == []
+    for endpoint in (Endpoint.COMPLETIONS, Endpoint.CHAT):
+        asked = StreamMeta("cmpl-1", endpoint, "tiny", 0, include_usage=False, return_token_ids=True)
+        [chunk] = stream_chunks(asked, event)
+        assert chunk["choices"][0]["token_ids"] == [7, 9] and chunk["choices"][0]["finish_reason"] is None
+
+
 def test_an_echoed_first_token_has_no_logprob_and_no_alternatives() -> None:
     body = completion_body(
         request_id="cmpl-1",

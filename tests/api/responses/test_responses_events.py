@@ -10,9 +10,9 @@ import pytest
 from api.errors import APIError
 from api.responses.conversation import chat_messages, responses_params
 from api.responses.events import ResponseEvents
-from api.responses.objects import output_items
 from api.responses.schemas import INPUT_ITEMS
 from tasks.messages.generation import EventType, FinishReason, StreamEvent
+from tasks.messages.response_objects import output_items
 from tasks.messages.tool_calls import HERMES, ToolCall, call_id
 from tasks.store.models import RequestRecord, RequestStatus, ResultRecord
 from tasks.store.response_models import ResponseRecord

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from scripts.batch_client import main
+from scripts.cli.batch_client import main
 from scripts.stack import Stack
 from tests.service.batch_helpers import chat_line
 from tests.service.http import auth

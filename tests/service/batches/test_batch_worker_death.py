@@ -18,7 +18,7 @@ from tasks.batches.models import OPEN_LINE_VALUES, BatchLine, LineStatus
 from tasks.store.db import make_db_engine, make_session_factory
 from tests.conftest import make_test_config
 from tests.postgres import own_database
-from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end, wait_until
+from tests.service.batch_helpers import chat_line, read_jsonl, submit, wait_for_end
 from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
 
@@ -68,10 +68,9 @@ def ledger(stack: Stack, batch_id: str) -> list[BatchLine]:
 
 def test_a_sigkilled_worker_loses_no_line_and_repeats_no_finished_one(mortal_stack: Stack) -> None:
     stack = mortal_stack
-    lines = [chat_line(stack, f"line-{i}", max_tokens=60 + 10 * (i % 4), ignore_eos=True) for i in range(NUM_LINES)]
+    lines = [chat_line(stack, f"line-{i}", max_tokens=_line_length(i), ignore_eos=True) for i in range(NUM_LINES)]
     batch_id = submit(stack, lines)
-    wait_until(stack, batch_id, lambda batch: batch.request_counts.completed >= 6, timeout_s=90)
-    _wait_for_a_running_line(stack, batch_id)
+    _wait_until_mid_batch_and_mid_line(stack, batch_id)
     stack.process("worker").popen.send_signal(signal.SIGKILL)
     stack.process("worker").popen.wait()
     at_kill = {row.line_no: row for row in ledger(stack, batch_id)}
@@ -116,8 +115,21 @@ def test_a_sigkilled_worker_loses_no_line_and_repeats_no_finished_one(mortal_sta
         assert not missing, f"lines {sorted(missing)} finished without an event"
 
 
-def _wait_for_a_running_line(stack: Stack, batch_id: str) -> None:
-    deadline = time.monotonic() + 30
-    while not any(row.status == LineStatus.RUNNING.value for row in ledger(stack, batch_id)):
-        assert time.monotonic() < deadline, "no line was running"
-        time.sleep(0.05)
+def _line_length(index: int) -> int:
+    """Short lines first, so some finish early, then long ones: however fast the machine, the kill that follows the
+    ledger read lands while lines are still running (with short lines throughout, the last ones could finish between
+    the read and the kill)."""
+    return 60 + 10 * (index % 4) if index < NUM_LINES // 3 else 400
+
+
+def _wait_until_mid_batch_and_mid_line(stack: Stack, batch_id: str) -> None:
+    """One ledger read shows both finished lines and a running one (two separate polls could see them at different
+    moments of the batch)."""
+    deadline = time.monotonic() + 90
+    while True:
+        statuses = [row.status for row in ledger(stack, batch_id)]
+        finished = sum(status == LineStatus.COMPLETED.value for status in statuses)
+        if finished >= 6 and LineStatus.RUNNING.value in statuses:
+            return
+        assert time.monotonic() < deadline, f"no moment with 6 finished lines and a running one: {statuses}"
+        time.sleep(0.02)

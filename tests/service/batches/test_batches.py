@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import requests
 
 from scripts.stack import Stack
 from tests.service.batch_helpers import chat_line, client_for, read_jsonl, submit, wait_for_end, wait_until
 from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
+
+pytestmark = pytest.mark.postgres  # on both databases: the batch ledger's claims and counts are SQL
 
 
 def test_openai_client_runs_a_batch_to_its_output_file(stack: Stack) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import requests
 
 from scripts.stack import Stack
 from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
+
+pytestmark = pytest.mark.postgres  # on both databases: each request's row and result are written and read in SQL
 
 USER_TURN = [{"role": "user", "content": "what is 3 plus 4?"}]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import requests
 
 from scripts.stack import Stack
@@ -12,6 +13,8 @@ from tests.service.batch_helpers import chat_line, submit, wait_for_end
 from tests.service.conftest import TenantKeys
 from tests.service.http import auth, bearer
 from tests.service.sse import data_frames, read_frames
+
+pytestmark = pytest.mark.postgres  # on both databases: who owns what is a SQL filter
 
 
 def listed_batches(stack: Stack, headers: dict[str, str]) -> set[str]:

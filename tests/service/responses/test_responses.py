@@ -14,6 +14,8 @@ import sqlalchemy
 from scripts.stack import Stack
 from tests.service.batch_helpers import client_for
 
+pytestmark = pytest.mark.postgres  # on both databases: stored responses and their chains are SQL rows
+
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Get the weather.", "parameters": CITY}
 TEXT_EVENTS = [

@@ -86,3 +86,28 @@ def test_unknown_request_and_bad_event_id(stack: Stack) -> None:
             timeout=10,
         )
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "Last-Event-ID"
+
+
+def test_return_token_ids_puts_every_token_in_a_chunk(stack: Stack) -> None:
+    body = {
+        "model": stack.config.model_name,
+        "prompt": "the cat",
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    url = f"{stack.base_url}/v1/completions"
+    with requests.post(url, json=body, headers=auth(stack), stream=True, timeout=120) as response:
+        frames = data_frames(list(read_frames(response)))
+    chunks = [frame.json for frame in frames[:-1]]
+    token_chunks = [chunk["choices"][0] for chunk in chunks if chunk["choices"] and "token_ids" in chunk["choices"][0]]
+    assert sum(len(choice["token_ids"]) for choice in token_chunks) == chunks[-1]["usage"]["completion_tokens"] == 12
+    assert "".join(choice["text"] for choice in token_chunks) == "".join(
+        choice["text"] for chunk in chunks for choice in chunk["choices"]
+    ), "the text rides on the same chunks as its tokens"
+    unstreamed = {**body, "stream": False, "stream_options": None}
+    with requests.post(url, json=unstreamed, headers=auth(stack), timeout=120) as refused:
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "return_token_ids"

@@ -100,8 +100,8 @@ def test_relay_sends_heartbeats_while_idle_then_the_events(redis_url: str) -> No
     meta = StreamMeta("cmpl-x", Endpoint.COMPLETIONS, "tiny", 1700000000, include_usage=False)
     key = RedisKeys(config.redis_prefix).request_stream("idle")
     frames = relay_frames(partial(read_json, client), key, meta, STREAM_START, heartbeat_s=0.2, timeout_s=30)
-    assert next(frames) == ": admitted\n\n"  # at once: the response's headers go out with it
-    assert next(frames) == ": keep-alive\n\n"
+    assert next(frames) == ": admitted\n"  # at once: the response's headers go out with it
+    assert next(frames) == ": keep-alive\n"
     append_event(client, config, "idle", StreamEvent(EventType.DELTA, text="hi"))
     append_event(
         client, config, "idle", StreamEvent(EventType.FINAL, finish_reason=FinishReason.STOP, usage=Usage(1, 1))

@@ -17,7 +17,7 @@ from worker.engine.attention.gather_attention import decode_attention, gather_bl
 from worker.engine.attention.kv_pool import KVPool, KVShape
 from worker.engine.attention.paged_step import build_paged_step
 from worker.engine.model_runner import ModelRunner
-from worker.engine.sampler import torch_argmax
+from worker.engine.sampling.sampler import torch_argmax
 from worker.kernels.cpu_decode_kernel import CpuDecodeKernel, load_cpu_decode_kernel
 from worker.kernels.layer_variant import LayerVariant
 

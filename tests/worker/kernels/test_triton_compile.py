@@ -22,17 +22,21 @@ from worker.kernels import triton_decode, triton_prefill
 assert not triton_decode.IS_INTERPRETED
 GROUP, HEAD_DIM = 8, 128
 FLOAT_ARGUMENTS = ("scale_log2", "cap_scale", "cap_log2")
-PLAIN = {"HAS_SOFTCAP": False, "HAS_SINKS": False}
-EVERY_VARIANT = {"HAS_SOFTCAP": True, "HAS_SINKS": True}  # soft-capped scores, sinks in the output and the merge
+PLAIN = {"HAS_SOFTCAP": False, "HAS_SINKS": False, "KV_CODES": 0}
+# soft-capped scores, sinks in the output and the merge
+EVERY_VARIANT = {"HAS_SOFTCAP": True, "HAS_SINKS": True, "KV_CODES": 0}
+CODES = {1: "i8", 2: "u8"}  # KV_CACHE_DTYPE int8 and fp8_e4m3: the pool's elements
 
 
 def compile_for(kernel, dtype, constants, capability):
     def type_of(name):
         if name in constants:
             return "constexpr"
+        if name in ("k_cache_ptr", "v_cache_ptr") and constants.get("KV_CODES"):
+            return "*" + CODES[constants["KV_CODES"]]
         if name in ("query_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"):
             return "*" + dtype
-        if name in ("partial_ptr", "lse_ptr", "sinks_ptr"):
+        if name in ("partial_ptr", "lse_ptr", "sinks_ptr", "k_scales_ptr", "v_scales_ptr"):
             return "*fp32"
         return "*i32" if name.endswith("_ptr") else "fp32" if name in FLOAT_ARGUMENTS else "i32"
 
@@ -45,6 +49,8 @@ for dtype, torch_dtype, capability, variant in (
     ("bf16", torch.bfloat16, 90, PLAIN),
     ("fp32", torch.float32, 80, PLAIN),
     ("bf16", torch.bfloat16, 90, EVERY_VARIANT),
+    ("bf16", torch.bfloat16, 90, {**PLAIN, "KV_CODES": 1}),
+    ("bf16", torch.bfloat16, 90, {**PLAIN, "KV_CODES": 2}),
 ):
     for splits in (1, 4):
         constants = triton_decode.decode_constants(GROUP, HEAD_DIM, torch_dtype, splits)

@@ -133,13 +133,18 @@ def test_redelivery_after_a_worker_died_mid_stream_ends_in_one_error(handler: Ge
 
 
 def test_redelivery_of_a_request_a_live_worker_runs_leaves_it_running(handler: GenerationHandler) -> None:
-    request = accept(handler, "the owl")
+    request = accept(handler, "the owl", ignore_eos=True, max_tokens=3000)  # long: it would still run if not cancelled
     with handler.sessions() as session:
         claim_request(session, request.request_id, "live-worker")
     renew_worker_lease(handler.redis, handler.config, "live-worker")
     handler.handle(request)
     assert stream_events(handler, request.request_id) == []
     assert stored(handler, request.request_id).status == "running"
+    # the engine had started on it before the claim said it was another worker's: it was cancelled there
+    deadline = time.monotonic() + 2
+    while handler.engine.load().num_running + sum(handler.engine.load().num_waiting_by_priority.values()) > 0:
+        assert time.monotonic() < deadline, "the request this run does not own still runs in the engine"
+        time.sleep(0.01)
 
 
 def test_cancel_before_start_aborts_without_running(handler: GenerationHandler) -> None:

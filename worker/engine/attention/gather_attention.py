@@ -30,15 +30,19 @@ def gathered_attention(
         q = queries.index_select(0, decode.token_index)  # [Bd, H, D]
         k = gather_blocks(k_cache, decode.block_ids)  # [Hkv, Bd * W * block_size, D]
         v = gather_blocks(v_cache, decode.block_ids)
+        k, v = kv_pool.dequantized(layer_idx, k, v, decode.block_ids)
         output[decode.token_index] = decode_attention(q, k, v, decode.score_bias, variant)
     for chunk in rows.prefills:
         q = queries[chunk.tokens].transpose(0, 1)[None]  # [1, H, n, D]
-        if chunk.is_first:
+        # a quantized pool's first chunk attends over its stored codes too, as every later read of them does
+        if chunk.is_first and not kv_pool.kv_dtype.is_quantized:
             k, v = key[:, :, chunk.tokens], value[:, :, chunk.tokens]  # [1, Hkv, n, D]
         else:
             length = chunk.end - chunk.key_start
-            k = gather_keys(k_cache, chunk.block_ids, kv_pool.keys_transposed)[None, :, :length]  # [1, Hkv, len, D]
-            v = gather_blocks(v_cache, chunk.block_ids)[None, :, :length]
+            k = gather_keys(k_cache, chunk.block_ids, kv_pool.keys_transposed)  # [Hkv, nb * block_size, D]
+            v = gather_blocks(v_cache, chunk.block_ids)
+            k, v = kv_pool.dequantized(layer_idx, k, v, chunk.block_ids)
+            k, v = k[None, :, :length], v[None, :, :length]  # [1, Hkv, len, D]
         output[chunk.tokens] = prefill_attention(q, k, v, chunk.mask, variant)[0].transpose(0, 1)
 
 

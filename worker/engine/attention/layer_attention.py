@@ -14,6 +14,11 @@ from worker.engine.attention.backend import AttentionBackend
 
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})  # config.layer_types we implement
 SINK_MODEL_TYPES = frozenset({"gpt_oss"})  # families whose attention modules pass per-head sinks (s_aux)
+# Families whose attention modules pass a sliding window. In the others (Llama, Gemma, OLMo 2, Granite, GPT-2,
+# GPT-NeoX, OPT) a window in the config is applied by HF `generate`'s mask but not by the model's own forward.
+WINDOWED_MODEL_TYPES = frozenset(
+    {"mistral", "mixtral", "qwen3_moe", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gpt_oss"}
+)
 
 
 def layer_windows(config: PretrainedConfig) -> tuple[int | None, ...]:
@@ -47,6 +52,11 @@ def unsupported_attention_variants(
         or getattr(config, "position_embedding_type", None) == "alibi",
     }
     missing += [name for name, is_asked in checks.items() if is_asked]
+    if config.model_type not in WINDOWED_MODEL_TYPES and any(window is not None for window in layer_windows(config)):
+        missing.append(
+            f"a sliding window in a {config.model_type} config (HF's {config.model_type} attention ignores it, while "
+            "HF generate's mask applies it; remove sliding_window from the config to serve full attention)"
+        )
     if backend is AttentionBackend.FLASH_ATTN and config.model_type in SINK_MODEL_TYPES:
         missing.append("attention sinks (s_aux) on the flash_attn backend")
     softcap = getattr(config, "attn_logit_softcapping", None)

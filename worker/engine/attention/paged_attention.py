@@ -13,6 +13,7 @@ from transformers import AttentionInterface
 from worker.engine.attention.gather_attention import gathered_attention
 from worker.engine.attention.kv_pool import KVPool
 from worker.engine.attention.paged_step import PagedStep
+from worker.engine.embedding.packed_attention import PackedInputs, packed_attention
 from worker.kernels.layer_variant import LayerVariant
 
 # Neither name may contain "sdpa" or "flash_attention": transformers would then hold the model to the support flags
@@ -33,12 +34,16 @@ def paged_attention(
     paged_step: PagedStep | None = None,
     kv_pool: KVPool | None = None,
     kv_cache: torch.Tensor | None = None,
+    packed_inputs: PackedInputs | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
     s_aux: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if packed_inputs is not None:  # an embedding forward: whole inputs, nothing read from or kept in the pool
+        variant = LayerVariant(scale, sliding_window, softcap, s_aux)
+        return packed_attention(query, key, value, variant, packed_inputs)[None], None
     if paged_step is None:  # under torch.compile (worker/engine/compiled_forward.py): the op finds the step itself
         output = torch.ops.steerbatch.paged_attention(
             query, key, value, kv_cache, module.layer_idx, scale, sliding_window or 0, softcap or 0.0, s_aux
@@ -73,8 +78,9 @@ def paged_attention_at(
     if table is not None and kv_pool.decode_kernel is not None:  # decode rows among prefill chunks
         k_cache, v_cache = kv_pool.layer(layer_idx)
         rows = queries.index_select(0, table.token_index)
+        codes = None if kv_pool.kernel_codes is None else kv_pool.kernel_codes[layer_idx]
         output[table.token_index] = kv_pool.decode_kernel.attention(
-            rows, k_cache, v_cache, table.block_tables, table.context_lens, table.max_len, variant
+            rows, k_cache, v_cache, table.block_tables, table.context_lens, table.max_len, variant, codes
         )
     if paged_step.gathered:
         gathered = paged_step.gathered[variant.sliding_window]
@@ -91,15 +97,20 @@ def paged_flash_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     *,
-    paged_step: PagedStep,
-    kv_pool: KVPool,
+    paged_step: PagedStep | None = None,
+    kv_pool: KVPool | None = None,
+    packed_inputs: PackedInputs | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
     s_aux: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
     """flash-attn's varlen kernel over the paged K/V: its window_size=(window - 1, 0) sees the same keys as HF's
-    sliding mask, and it soft-caps; it has no sinks, which the load refuses on this backend."""
+    sliding mask, and it soft-caps; it has no sinks, which the load refuses on this backend. An embedding forward
+    (`packed_inputs`) attends as on the other backends."""
+    if packed_inputs is not None:
+        variant = {"sliding_window": sliding_window, "softcap": softcap, "s_aux": s_aux}
+        return paged_attention(module, query, key, value, None, scaling, packed_inputs=packed_inputs, **variant)
     from flash_attn import flash_attn_varlen_func
 
     if s_aux is not None:

@@ -131,7 +131,7 @@ def _decode_table(
     kernel_step = None
     if len(lens) == num_step_tokens and kv_pool.decode_kernel is not None:  # every token a decode row, in order
         kernel_step = kv_pool.decode_kernel.bind_decode_step(
-            kv_pool.layers, slot_mapping, block_tables, context_lens, max(lens)
+            kv_pool.layers, slot_mapping, block_tables, context_lens, max(lens), kv_pool.kernel_codes
         )
     return DecodeTable(
         token_index=int64_tensor(token_index, device),

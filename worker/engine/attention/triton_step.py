@@ -58,17 +58,18 @@ class TritonStep:
         queries = query[0].transpose(0, 1)  # [N, H, D], a view: the kernels read through its strides
         output = torch.empty(queries.shape, dtype=queries.dtype, device=queries.device)
         is_transposed = kv_pool.keys_transposed
+        scales = kv_pool.layer_scales(layer_idx) if kv_pool.kv_dtype.is_quantized else None
         if self.decode is not None:
             rows = self.decode
             paged_decode(
                 queries, k_cache, v_cache, rows.block_tables, rows.context_lens, rows.token_index, output, variant,
-                rows.num_splits, is_transposed,
+                rows.num_splits, is_transposed, kv_pool.kv_dtype, scales,
             )  # fmt: skip
         if self.prefill is not None:
             chunks = self.prefill
             paged_prefill(
                 queries, k_cache, v_cache, chunks.block_tables, chunks.query_starts, chunks.query_lens,
-                chunks.context_starts, chunks.max_query_len, output, variant, is_transposed,
+                chunks.context_starts, chunks.max_query_len, output, variant, is_transposed, kv_pool.kv_dtype, scales,
             )  # fmt: skip
         return output
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -17,20 +18,20 @@ from transformers import PreTrainedTokenizerFast
 
 from tasks.messages.grammar import GrammarSpec
 from worker.engine.grammar.compile_process import CompileKilled, CompileProcess
+from worker.engine.interface import RequestFieldError
 
 if TYPE_CHECKING:  # xgrammar loads with the first grammar: a worker (or the GPU check) without one never needs it
     import xgrammar as xgr
 
 XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")  # "[16:39:53] /project/cpp/x.cc:83: " of its errors
 NUM_COMPILE_THREADS = 2  # a pathological grammar holds one; the other keeps compiling the rest
+# Starting a compile process (a forkserver importing xgrammar, the tokenizer read) is the worker's cost, not the
+# grammar's: it is not counted against the time limit, up to this long.
+MAX_PROCESS_START_S = 120.0
 
 
-class GrammarError(Exception):
+class GrammarError(RequestFieldError):
     """The request's grammar does not compile, or not in time: the client's to fix."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass
@@ -41,6 +42,14 @@ class Compilation:
     future: Future[xgr.CompiledGrammar] = field(default_factory=Future)
     process: CompileProcess | None = None
     is_abandoned: bool = False  # its waiters gave up: it must not start, or it is killed
+    process_start_s: float = 0.0  # spent starting a compile process for it, which the time limit does not count
+    process_starting_since: float | None = None  # monotonic time, while one is being started
+
+    def uncounted_s(self) -> float:
+        """Seconds of process start so far, finished or under way, capped at MAX_PROCESS_START_S."""
+        starting_since = self.process_starting_since
+        ongoing = 0.0 if starting_since is None else time.monotonic() - starting_since
+        return min(self.process_start_s + ongoing, MAX_PROCESS_START_S)
 
 
 class GrammarCompiler:
@@ -67,7 +76,7 @@ class GrammarCompiler:
         same spec compiles it again."""
         compilation = self._compilation(spec)
         try:
-            return compilation.future.result(timeout=self._timeout_s)
+            return self._result_in_time(compilation)
         except FutureTimeout:
             self._abandon(compilation)
             raise self._timed_out(spec) from None
@@ -83,6 +92,19 @@ class GrammarCompiler:
             return self.compile(spec), None
         except GrammarError as exc:
             return None, exc
+
+    def _result_in_time(self, compilation: Compilation) -> xgr.CompiledGrammar:
+        """The compilation's result within the time limit plus the time a process start took for it (a worker's
+        first grammars, or one after a killed compile, wait for a fresh process, which on a loaded machine can take
+        longer than the limit itself); raises FutureTimeout past that."""
+        started_at = time.monotonic()
+        while True:
+            deadline = started_at + self._timeout_s + compilation.uncounted_s()
+            try:
+                return compilation.future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                if started_at + self._timeout_s + compilation.uncounted_s() <= time.monotonic():
+                    raise
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -133,7 +155,12 @@ class GrammarCompiler:
         from worker.engine.grammar.sources import can_start
 
         spec = compilation.spec
-        process = self._process()
+        compilation.process_starting_since = time.monotonic()
+        try:
+            process = self._process()
+        finally:
+            compilation.process_start_s += time.monotonic() - compilation.process_starting_since
+            compilation.process_starting_since = None
         with self._lock:
             if compilation.is_abandoned:
                 raise self._timed_out(spec)

@@ -25,3 +25,22 @@ def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor, row_indices: list[i
         allowed = every_row
     # one pass over [S, V]; masked_fill with a scalar measured twice as slow on a CPU thread
     return torch.where(allowed, logits, NEG_INF)
+
+
+def rows_allowing_nothing(bitmask: torch.Tensor, vocab_size: int, suppressed: list[tuple[int, ...]]) -> list[int]:
+    """The rows of `bitmask` [G, W] (on the CPU) that allow no token below `vocab_size` once row i's
+    `suppressed[i]` (stop tokens held back until min_tokens) are taken out: a grammar that dead-ends there, which
+    every row's check on its words finds without unpacking the masks."""
+    num_full_words, num_tail_bits = divmod(vocab_size, BITS_PER_WORD)
+    is_allowing = bitmask[:, :num_full_words].any(dim=1)  # [G]
+    if num_tail_bits:  # the last word's bits past the vocabulary allow nothing
+        is_allowing |= (bitmask[:, num_full_words] & ((1 << num_tail_bits) - 1)) != 0
+    empty = []
+    for row, is_any in enumerate(is_allowing.tolist()):
+        if is_any and suppressed[row]:
+            allowed = unpack_bitmask(bitmask[row : row + 1], vocab_size)[0]  # [V]
+            allowed[list(suppressed[row])] = False
+            is_any = bool(allowed.any())
+        if not is_any:
+            empty.append(row)
+    return empty

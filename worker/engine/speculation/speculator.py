@@ -23,7 +23,7 @@ import torch
 
 from scheduler.batch import Batch
 from scheduler.request import Request
-from worker.engine.sampler import draw
+from worker.engine.sampling.sampler import draw
 from worker.engine.speculation.draft_policy import DraftPolicy, StepCost, StepTimer
 from worker.engine.speculation.draft_proposer import PROPOSAL_PLACEHOLDER, DraftProposer
 

@@ -1,0 +1,1 @@
+"""The embeddings endpoint: its blueprint, request body and response objects."""

@@ -1,0 +1,104 @@
+"""A lean streaming client for benchmarks: every stream of a round on one asyncio loop over one httpx connection pool,
+reading raw SSE lines, so that the measuring client costs little beside the service it measures (the `openai` client,
+a thread per stream, parsed every chunk into objects and took a large share of the two cores).
+
+A stream asks for `return_token_ids`, so every token makes a chunk whether or not it adds text (a random-init model's
+tokens rarely do): the first token's time is its first chunk with token ids, and the tokens are counted from the
+usage chunk and checked against the ids received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from bench.workload import BenchRequest
+
+ADMISSION_RETRIES = 4  # a 429 (a burst wider than the admission gate's slots) is retried after its hint, as openai does
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    num_tokens: int
+    ttft_s: float  # from the round's start to the first chunk with token ids
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    wall_s: float
+    client_cpu_s: float  # this process's CPU time over the round: the measuring client's own cost
+    streams: list[StreamTiming]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(stream.num_tokens for stream in self.streams) / self.wall_s
+
+
+class StreamClient:
+    def __init__(self, base_url: str, api_key: str, model: str) -> None:
+        self._url = f"{base_url}/v1/completions"
+        self._headers = {"Authorization": f"Bearer {api_key}"}
+        self._model = model
+
+    def run_round(self, requests: list[BenchRequest]) -> RoundTiming:
+        """Every request streamed at once."""
+        return asyncio.run(self._round(requests))
+
+    async def _round(self, requests: list[BenchRequest]) -> RoundTiming:
+        limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=len(requests))
+        async with httpx.AsyncClient(limits=limits, timeout=600) as client:
+            cpu_start, start = time.process_time(), time.perf_counter()
+            streams = await asyncio.gather(*(self._stream(client, request, start) for request in requests))
+            return RoundTiming(time.perf_counter() - start, time.process_time() - cpu_start, list(streams))
+
+    async def _stream(self, client: httpx.AsyncClient, request: BenchRequest, start: float) -> StreamTiming:
+        body = {
+            "model": self._model,
+            "prompt": request.prompt_token_ids,
+            "max_tokens": request.num_output_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        for attempt in range(ADMISSION_RETRIES + 1):
+            async with client.stream("POST", self._url, json=body, headers=self._headers) as response:
+                if response.status_code == 429 and attempt < ADMISSION_RETRIES:
+                    await asyncio.sleep(_retry_after_s(response.headers))
+                    continue
+                response.raise_for_status()
+                return await _read(response, request, start)
+        raise AssertionError("the last attempt returns or raises")
+
+
+def _retry_after_s(headers: httpx.Headers) -> float:
+    """The hint as the `openai` client reads it: retry-after-ms first, then Retry-After in seconds."""
+    if "retry-after-ms" in headers:
+        return float(headers["retry-after-ms"]) / 1000
+    return float(headers.get("retry-after", "0.5"))
+
+
+async def _read(response: httpx.Response, request: BenchRequest, start: float) -> StreamTiming:
+    first_token_at, num_ids, num_tokens = None, 0, None
+    async for line in response.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: ") :])
+        if "error" in chunk:
+            raise RuntimeError(f"{request.request_id}: {chunk['error']}")
+        for choice in chunk["choices"]:
+            if choice.get("token_ids") and first_token_at is None:
+                first_token_at = time.perf_counter() - start
+            num_ids += len(choice.get("token_ids") or ())
+        if chunk.get("usage"):
+            num_tokens = chunk["usage"]["completion_tokens"]
+    if first_token_at is None or num_tokens != num_ids or num_tokens != request.num_output_tokens:
+        raise RuntimeError(
+            f"{request.request_id}: usage {num_tokens}, {num_ids} token ids, expected {request.num_output_tokens}"
+        )
+    return StreamTiming(num_tokens, first_token_at)
