@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -9,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from flask import Response, jsonify
 
-from api.chat.objects import StreamMeta, completion_object
+from api.chat.objects import completion_object
 from api.chat.prompts import echo_start
 from api.chat.relay import relay_frames
 from api.chat.sampling import prompts_sampling_params
@@ -28,6 +29,7 @@ from api.structured.grammar import request_grammar
 from api.structured.tools import NO_TOOLS, ToolPlan
 from tasks.celery_app import enqueue_generate
 from tasks.messages.generation import Endpoint, ErrorInfo, GenerateRequest, StreamEvent, error_status_code
+from tasks.messages.stream_chunks import StreamMeta
 from tasks.reapers.orphans import settle_quiet_request
 from tasks.store.finish import cancel_request
 from tasks.store.models import RequestRecord, RequestStatus
@@ -91,6 +93,9 @@ def generate(
     """Every prompt's choices are one request: one row, one stream, submitted to the engine together."""
     tenant = current_principal().tenant
     generate_request = build_generate_request(info, endpoint, fields, prompt_ids, tenant, tools, more_prompt_ids)
+    if fields.stream:  # the worker writes each DELTA's chunks as the relay sends them
+        meta = StreamMeta.of_body(generate_request.request_id, endpoint, info.name, generate_request.created, body)
+        generate_request = dataclasses.replace(generate_request, stream_meta=meta)
     note_request_id(generate_request.request_id)
     record = record_and_enqueue(generate_request, body)
     return _stream(record) if fields.stream else _wait(record)
@@ -142,7 +147,7 @@ def request_frames(record: RequestRecord, after_id: str, on_timeout: Callable[[]
     """The SSE frames of a request's stream after `after_id`; a quiet stream checks its worker is alive."""
     svc = services()
     return relay_frames(
-        svc.streams.read_json,
+        svc.streams.read_entries,
         RedisKeys(svc.config.redis_prefix).request_stream(record.id),
         StreamMeta.of(record),
         after_id,

@@ -2,12 +2,13 @@
 response the entries after its own position.
 
 Each response's thread used to block in an XREAD of its own: per token of every stream, one round trip, one Redis
-client woken and one thread's GIL hand-off. Now a worker's pass over N streams costs the api one XREAD reply.
+client woken and one thread's GIL hand-off. Now a worker's pass over N streams costs the api one XREAD reply. The hub
+hands each reader the entries of one reply together and undecoded: a chat relay forwards the payloads the worker
+encoded (`read_entries`), and only readers that want the events decode them (`read_json`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from tasks.streams.events import ENTRIES_PER_READ, STREAM_START, entry_order
+from tasks.streams.events import ENTRIES_PER_READ, STREAM_START, Entry, entry_json, entry_order
 
 logger = logging.getLogger(__name__)
 BLOCK_MS = 1000  # how long one XREAD waits for any of the streams; a new reader cuts it short
@@ -27,7 +28,8 @@ WAKE_STREAM_TTL_S = 3600
 class _Reader:
     key: str
     after_id: str  # the last entry handed over; the hub's thread alone moves it
-    entries: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # (entry id, event), or a RedisError
+    # lists of (entry id, fields), one per XREAD reply with entries for it, or a RedisError
+    batches: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
 
 class StreamHub:
@@ -44,6 +46,15 @@ class StreamHub:
     def read_json(self, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, dict] | None]:
         """The JSON events of `key` after `after_id`, for ever; None each time `block_ms` passes with none (0: wait
         for ever, as XREAD's BLOCK 0). ValueError for an id Redis would refuse: it would fail every reader's XREAD."""
+        for batch in self.read_entries(key, after_id, block_ms):
+            if batch is None:
+                yield None
+                continue
+            for entry_id, fields in batch:
+                yield entry_id, entry_json(fields)
+
+    def read_entries(self, key: str, after_id: str, block_ms: int) -> Iterator[list[Entry] | None]:
+        """`read_json`'s entries undecoded, those that one reply brought as one batch: an `EntryReader`."""
         entry_order(after_id)
         reader = _Reader(key, after_id)
         timeout_s = block_ms / 1000 if block_ms > 0 else None
@@ -51,7 +62,7 @@ class StreamHub:
             self._add(reader)
             while True:
                 try:
-                    item = reader.entries.get(timeout=timeout_s)
+                    item = reader.batches.get(timeout=timeout_s)
                 except queue.Empty:
                     yield None
                     continue
@@ -106,13 +117,17 @@ class StreamHub:
             if key == self._wake_key:
                 self._wake_after = entries[-1][0]
                 continue
-            events = [(entry_id, entry_order(entry_id), json.loads(fields["event"])) for entry_id, fields in entries]
-            for reader in by_key.get(key, []):
+            stream_readers = by_key.get(key, [])
+            if len(stream_readers) == 1 and reader_is_behind(stream_readers[0], entries):
+                stream_readers[0].batches.put(entries)  # the usual case: one relay, which has none of these yet
+                stream_readers[0].after_id = entries[-1][0]
+                continue
+            for reader in stream_readers:
                 after = entry_order(reader.after_id)
-                for entry_id, order, event in events:
-                    if order > after:
-                        reader.entries.put((entry_id, event))
-                        reader.after_id = entry_id
+                batch = [entry for entry in entries if entry_order(entry[0]) > after]
+                if batch:
+                    reader.batches.put(batch)
+                    reader.after_id = batch[-1][0]
 
     def _fail(self, readers: list[_Reader], exc: redis.RedisError) -> None:
         """Each reader raises it; new readers start over."""
@@ -120,4 +135,9 @@ class StreamHub:
             for reader in readers:
                 self._readers.pop(reader, None)
         for reader in readers:
-            reader.entries.put(exc)
+            reader.batches.put(exc)
+
+
+def reader_is_behind(reader: _Reader, entries: list[Entry]) -> bool:
+    """Whether the reader lacks every entry of the reply (it was read from the reader's own position)."""
+    return entry_order(entries[0][0]) > entry_order(reader.after_id)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.messages.grammar import GrammarSpec
 from tasks.messages.steering import MonitorSpec, SteeringSpec
 from tasks.store.tenants import DEFAULT_TENANT
+
+if TYPE_CHECKING:
+    from tasks.messages.stream_chunks import StreamMeta
 
 
 class Endpoint(str, Enum):
@@ -143,6 +146,7 @@ class GenerateRequest:
     prompt_logprobs: int | None = None  # vLLM's: each choice's `prompt_logprobs`, with this many alternatives
     arrival_time: float = 0.0  # unix seconds, to the microsecond, when the api took it: where latencies start
     is_legacy_functions: bool = False  # it offered legacy `functions`: a call is answered as `function_call`
+    stream_meta: StreamMeta | None = None  # a streamed chat or completion: its DELTAs carry the client's chunks too
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -177,6 +181,7 @@ class GenerateRequest:
             "prompt_logprobs": self.prompt_logprobs,
             "arrival_time": self.arrival_time,
             "is_legacy_functions": self.is_legacy_functions,
+            "stream_meta": None if self.stream_meta is None else self.stream_meta.to_dict(),
         }
 
     @classmethod
@@ -200,7 +205,14 @@ class GenerateRequest:
             prompt_logprobs=data.get("prompt_logprobs"),
             arrival_time=float(data.get("arrival_time", data["created"])),  # messages from before it was sent
             is_legacy_functions=bool(data.get("is_legacy_functions", False)),
+            stream_meta=_stream_meta(data.get("stream_meta")),
         )
+
+
+def _stream_meta(data: dict[str, Any] | None) -> StreamMeta | None:
+    from tasks.messages.stream_chunks import StreamMeta  # it builds chunks of this module's events: imported late
+
+    return None if data is None else StreamMeta.from_dict(data)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
 """Request and batch streams in Redis: the worker appends JSON events, the api and waiting workers read and follow
-them to the final one."""
+them to the final one.
+
+An entry's `event` field is the event's JSON. A DELTA of a streamed chat or completion request also has a `chunks`
+field: the SSE payloads the client gets for it (tasks/messages/stream_chunks.py), which the api's relay forwards as
+they are (read through an `EntryReader`, which hands over entries undecoded)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,12 @@ MAX_ENTRY_PART = 2**64 - 1  # both parts of a stream entry id are unsigned 64-bi
 # (key, after_id, block_ms) -> the JSON events after after_id, None each block_ms with none: read_json with its
 # client bound, or the api's StreamHub.read_json
 JsonReader = Callable[[str, str, int], Iterator[tuple[str, dict] | None]]
+# (key, after_id, block_ms) -> the entries after after_id as Redis has them, (entry id, fields), in batches of those
+# that arrived together; None each block_ms with none: read_entries with its client bound, or StreamHub.read_entries
+Entry = tuple[str, dict[str, str]]
+EntryReader = Callable[[str, str, int], Iterator[list[Entry] | None]]
+EVENT_FIELD = "event"
+CHUNKS_FIELD = "chunks"
 
 
 def append_event(client: redis.Redis, config: Config, request_id: str, event: StreamEvent) -> str:
@@ -42,9 +52,20 @@ def append_json_to_streams(
     """`append_json` for (stream key, event) pairs of any number of streams, in one round trip and one transaction;
     each stream gets its events in the order given and its expiry set once. `expire_keys`: only these streams' expiry
     is set (a writer that renews each stream's expiry itself, well before it runs out, saves a command an event)."""
+    encoded = [(key, {EVENT_FIELD: json.dumps(event)}) for key, event in entries]
+    return append_entries_to_streams(client, config, encoded, expire_keys)
+
+
+def append_entries_to_streams(
+    client: redis.Redis,
+    config: Config,
+    entries: list[tuple[str, dict[str, str]]],
+    expire_keys: Iterable[str] | None = None,
+) -> list[str]:
+    """`append_json_to_streams` for entries whose fields are already encoded."""
     pipe = client.pipeline(transaction=True)
-    for key, event in entries:
-        pipe.xadd(key, {"event": json.dumps(event)}, maxlen=config.stream_maxlen, approximate=True)
+    for key, fields in entries:
+        pipe.xadd(key, fields, maxlen=config.stream_maxlen, approximate=True)
     for key in dict.fromkeys(key for key, _ in entries) if expire_keys is None else expire_keys:
         pipe.expire(key, config.stream_ttl_s)
     return [str(entry_id) for entry_id in pipe.execute()[: len(entries)]]
@@ -107,7 +128,27 @@ def read_json(client: redis.Redis, key: str, after_id: str, block_ms: int) -> It
             continue
         for entry_id, fields in reply[0][1]:
             after_id = entry_id
-            yield entry_id, json.loads(fields["event"])
+            yield entry_id, entry_json(fields)
+
+
+def entry_json(fields: dict[str, str]) -> dict:
+    """An entry's event as JSON; a RedisError for an entry no writer of ours made, which its reader cannot follow."""
+    try:
+        return json.loads(fields[EVENT_FIELD])
+    except (KeyError, ValueError) as exc:
+        raise redis.RedisError(f"a stream entry without a readable event: {sorted(fields)}") from exc
+
+
+def read_entries(client: redis.Redis, key: str, after_id: str, block_ms: int) -> Iterator[list[Entry] | None]:
+    """`read_json`'s entries undecoded, each XREAD's as one batch: an `EntryReader`."""
+    while True:
+        reply = client.xread({key: after_id}, count=ENTRIES_PER_READ, block=block_ms)
+        if not reply:
+            yield None
+            continue
+        entries = reply[0][1]
+        after_id = entries[-1][0]
+        yield entries
 
 
 class DeadlinePassed(Exception):

@@ -4,10 +4,13 @@ them, applies stop strings, and writes every event that arrived since its last p
 Each request's Celery thread used to wake for every engine output, detokenize it and send its own MULTI/XADD/EXPIRE/
 EXEC: as many wake-ups and round trips per engine step as requests in flight, all taking the GIL from the engine
 thread. Now a step's outputs cost one wake-up and one round trip, and a request's thread wakes once, when it ends.
+A streamed chat or completion's DELTA is written with the SSE payloads its client gets (`encode_chunks`), made here
+once rather than in the api for every token.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -18,7 +21,8 @@ from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
 from tasks.messages.generation import ErrorInfo, EventType, GenerateRequest, StreamEvent
-from tasks.streams.events import append_json_to_streams
+from tasks.messages.stream_chunks import encode_chunks
+from tasks.streams.events import CHUNKS_FIELD, EVENT_FIELD, append_entries_to_streams
 from tasks.streams.redis_keys import RedisKeys
 from worker.engine.interface import Engine, EngineOutput
 from worker.serving.metrics import ServingMetrics
@@ -88,6 +92,13 @@ def _delta_event(index: int, delta: ChoiceDelta) -> StreamEvent | None:
         text_offset=delta.text_offset,
         prompt_logprobs=delta.prompt_logprobs,
     )
+
+
+def _entry_fields(request: GenerateRequest, event: StreamEvent) -> dict[str, str]:
+    fields = {EVENT_FIELD: json.dumps(event.to_dict())}
+    if request.stream_meta is not None:
+        fields[CHUNKS_FIELD] = encode_chunks(request.stream_meta, event)
+    return fields
 
 
 class OutputProcessor:
@@ -178,7 +189,7 @@ class OutputProcessor:
 
     def _process(self, taken: list[tuple[FollowedRequest, list[EngineOutput]]]) -> None:
         """One transaction writes the pass's events, so a failed write fails every request that had events in it."""
-        entries: list[tuple[str, dict]] = []
+        entries: list[tuple[str, dict[str, str]]] = []
         written = []
         with_tokens = []
         expire_keys = []
@@ -191,7 +202,7 @@ class OutputProcessor:
                 self._end(followed)
                 continue
             key = self._keys.request_stream(followed.request.request_id)
-            entries.extend((key, event.to_dict()) for event in events)
+            entries.extend((key, _entry_fields(followed.request, event)) for event in events)
             written.append(followed)
             if events and self._is_expiry_due(followed):
                 expire_keys.append(key)
@@ -199,7 +210,7 @@ class OutputProcessor:
                 with_tokens.append(followed)
         try:
             if entries:
-                append_json_to_streams(self._client, self._config, entries, expire_keys)
+                append_entries_to_streams(self._client, self._config, entries, expire_keys)
         except redis.RedisError as exc:
             logger.warning("writing %d stream events of %d requests failed: %s", len(entries), len(written), exc)
             self._metrics.count_error(exc)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from api.chat.objects import StreamMeta, stream_chunks
 from tasks.messages.completions import completion_body
 from tasks.messages.generation import Endpoint, EventType, StreamEvent, Usage
+from tasks.messages.stream_chunks import StreamMeta, stream_chunks
 
 PROMPT_LOGPROBS = [None, {"7": {"logprob": -1.5, "rank": 2, "decoded_token": " b"}}]
 

@@ -13,11 +13,11 @@ import openai
 import redis
 from openai.types.chat import ChatCompletionChunk
 
-from api.chat.objects import StreamMeta
 from api.chat.relay import relay_frames
 from tasks.config import Config
 from tasks.messages.generation import Endpoint, EventType, FinishReason, StreamEvent, Usage
-from tasks.streams.events import STREAM_START, append_event, read_json
+from tasks.messages.stream_chunks import StreamMeta
+from tasks.streams.events import STREAM_START, append_event, read_entries
 from tasks.streams.redis_keys import RedisKeys
 
 
@@ -26,7 +26,7 @@ def test_the_openai_clients_stream_reads_a_relay_that_went_quiet_between_frames(
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     meta = StreamMeta("chatcmpl-x", Endpoint.CHAT, "tiny", 1700000000, include_usage=False)
     key = RedisKeys(config.redis_prefix).request_stream("quiet")
-    frames = relay_frames(partial(read_json, client), key, meta, STREAM_START, heartbeat_s=0.1, timeout_s=30)
+    frames = relay_frames(partial(read_entries, client), key, meta, STREAM_START, heartbeat_s=0.1, timeout_s=30)
     sent = [next(frames), next(frames)]  # the admission comment, then a keep-alive before any frame
     append_event(client, config, "quiet", StreamEvent(EventType.START))
     append_event(client, config, "quiet", StreamEvent(EventType.DELTA, text="Hello"))

@@ -9,16 +9,17 @@ from functools import partial
 
 import redis
 
-from api.chat.objects import StreamMeta
 from api.chat.relay import relay_frames
 from tasks.config import Config
 from tasks.messages.generation import Endpoint, EventType, FinishReason, StreamEvent, Usage
+from tasks.messages.stream_chunks import StreamMeta
 from tasks.streams.events import (
     STREAM_START,
     append_event,
     append_final_once,
     append_json_many,
     append_json_to_streams,
+    read_entries,
     read_events,
     read_json,
     wait_for_final,
@@ -99,7 +100,7 @@ def test_relay_sends_heartbeats_while_idle_then_the_events(redis_url: str) -> No
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     meta = StreamMeta("cmpl-x", Endpoint.COMPLETIONS, "tiny", 1700000000, include_usage=False)
     key = RedisKeys(config.redis_prefix).request_stream("idle")
-    frames = relay_frames(partial(read_json, client), key, meta, STREAM_START, heartbeat_s=0.2, timeout_s=30)
+    frames = relay_frames(partial(read_entries, client), key, meta, STREAM_START, heartbeat_s=0.2, timeout_s=30)
     assert next(frames) == ": admitted\n"  # at once: the response's headers go out with it
     assert next(frames) == ": keep-alive\n"
     append_event(client, config, "idle", StreamEvent(EventType.DELTA, text="hi"))
@@ -129,8 +130,9 @@ def test_every_frame_has_an_id_to_resume_from_that_loses_and_repeats_nothing(red
     key = RedisKeys(config.redis_prefix).request_stream("r")
 
     def relay(after_id: str) -> list[tuple[str | None, str | None, str | None]]:
-        frames = relay_frames(partial(read_json, client), key, meta, after_id, heartbeat_s=5, timeout_s=30)
-        return [parsed for parsed in map(parse_frame, frames) if parsed[2] is not None]
+        frames = relay_frames(partial(read_entries, client), key, meta, after_id, heartbeat_s=5, timeout_s=30)
+        blocks = [block for written in frames for block in written.split("\n\n") if block.strip()]
+        return [parsed for parsed in map(parse_frame, blocks) if parsed[2] is not None]
 
     original = relay(STREAM_START)
     assert [data for _, _, data in original][-1] == "[DONE]" and len(original) == 6  # role, a, b, finish, usage, done
