@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 from tasks.config import Config
 from tasks.messages.generation import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
 from tasks.messages.steering import SteeringSource
+from tasks.messages.stream_chunks import StreamMeta, encode_chunks
 from tasks.streams.redis_keys import RedisKeys
 from tests.conftest import free_port
 from worker.engine.interface import EngineOutput
@@ -90,11 +91,15 @@ def start(
     return processor, client
 
 
-def followed_request(tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple[str, ...] = ()) -> FollowedRequest:
+def followed_request(
+    tokenizer: PreTrainedTokenizerFast, n: int = 1, stop: tuple[str, ...] = (), body: dict | None = None
+) -> FollowedRequest:
+    """A completion request's choices; with `body` (a streamed request's), the request carries its stream meta."""
     request_id = f"cmpl-{uuid.uuid4().hex}"
     prompt = tokenizer.encode("the cat")
     sampling = SamplingParams(16, stop=stop)
-    request = GenerateRequest(request_id, Endpoint.COMPLETIONS, "tiny", prompt, sampling, 0, n=n)
+    meta = None if body is None else StreamMeta.of_body(request_id, Endpoint.COMPLETIONS, "tiny", 7, body)
+    request = GenerateRequest(request_id, Endpoint.COMPLETIONS, "tiny", prompt, sampling, 7, n=n, stream_meta=meta)
     followed = FollowedRequest(request, SteeringReport(request_id, None, SteeringSource.REQUEST))
     for index in range(n):
         choice_id = engine_request_id(request, index)
@@ -144,6 +149,34 @@ def test_outputs_before_and_after_follow_reach_each_stream_in_order(
     assert "".join(event.text for event in first_events) == tokenizer.decode(ids)
     second_events = events(client, config, second)
     assert [(event.index, event.finish_reason) for event in second_events] == [(1, FinishReason.STOP), (0, None)]
+
+
+def test_a_streamed_requests_deltas_carry_the_chunks_its_client_gets_and_others_none(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, client = start(processors, config, tokenizer)
+    body = {"stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    streamed, unstreamed = followed_request(tokenizer, body=body), followed_request(tokenizer)
+    ids = tokenizer.encode(" a small dog", add_special_tokens=False)
+    for followed in (streamed, unstreamed):
+        processor.follow(followed)
+        processor.put(followed, EngineOutput(followed.request.request_id, ids[:1]))
+        processor.put(followed, EngineOutput(followed.request.request_id, ids[1:], FinishReason.LENGTH))
+        assert followed.done.wait(5) and followed.failure is None
+
+    key = RedisKeys(config.redis_prefix).request_stream(streamed.request.request_id)
+    entries = [fields for _, fields in client.xrange(key)]
+    assert entries and all(b"chunks" in fields for fields in entries)
+    meta = streamed.request.stream_meta
+    assert meta is not None and meta.include_usage and meta.return_token_ids
+    for fields in entries:
+        event = StreamEvent.from_dict(json.loads(fields[b"event"]))
+        assert fields[b"chunks"].decode() == encode_chunks(meta, event)
+        chunk = json.loads(fields[b"chunks"])  # one token's DELTA: one chunk, its ids and text in the client's shape
+        assert chunk["id"] == streamed.request.request_id and chunk["object"] == "text_completion"
+        assert chunk["choices"][0]["token_ids"] == event.token_ids and chunk["choices"][0]["text"] == event.text
+    other = RedisKeys(config.redis_prefix).request_stream(unstreamed.request.request_id)
+    assert [set(fields) for _, fields in client.xrange(other)] == [{b"event"}, {b"event"}]
 
 
 def test_a_stop_string_ends_the_choice_and_cancels_it_in_the_engine(
