@@ -7,6 +7,7 @@ for every stream it relays)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -67,7 +68,45 @@ class StreamMeta:
 
 def encode_chunks(meta: StreamMeta, event: StreamEvent) -> str:
     """The event's SSE payloads as the api sends them, joined by PAYLOAD_SEPARATOR ("" for none)."""
+    if _is_plain_delta(event):
+        return _plain_delta_chunk(meta, event)
     return PAYLOAD_SEPARATOR.join(json.dumps(chunk) for chunk in stream_chunks(meta, event))
+
+
+def _is_plain_delta(event: StreamEvent) -> bool:
+    """A DELTA of text and tokens alone: almost every token's, which `_plain_delta_chunk` encodes."""
+    return (
+        event.type == EventType.DELTA
+        and event.finish_reason is None
+        and not (event.logprobs or event.tool_calls or event.error)
+        and event.prompt_logprobs is None
+    )
+
+
+def _plain_delta_chunk(meta: StreamMeta, event: StreamEvent) -> str:
+    """`json.dumps` of `stream_chunks`' one chunk, character for character, without building it: the chunk's
+    envelope is the request's, encoded once (about a third of the general path's time, in the worker's pass)."""
+    if not (event.text or (meta.return_token_ids and event.token_ids)):
+        return ""
+    before, after = _plain_delta_frame(meta)
+    token_ids = f', "token_ids": {json.dumps(list(event.token_ids))}' if meta.return_token_ids else ""
+    text = f"{_TEXT_KEY[meta.endpoint]}{json.dumps(event.text)}{_TEXT_END[meta.endpoint]}"
+    return f"{before}{event.index}{text}{token_ids}{after}"
+
+
+_TEXT_KEY = {Endpoint.CHAT: ', "delta": {"content": ', Endpoint.COMPLETIONS: ', "text": '}
+_TEXT_END = {
+    Endpoint.CHAT: '}, "logprobs": null, "finish_reason": null',
+    Endpoint.COMPLETIONS: ', "logprobs": null, "finish_reason": null',
+}
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_delta_frame(meta: StreamMeta) -> tuple[str, str]:
+    """The text of a plain DELTA's chunk before its choice's index, and after its choice's last field."""
+    envelope = json.dumps(_envelope(meta))
+    after = "}]" + (', "usage": null}' if meta.include_usage else "}")
+    return envelope[:-1] + ', "choices": [{"index": ', after
 
 
 def decode_payloads(encoded: str) -> list[str]:

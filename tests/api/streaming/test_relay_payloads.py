@@ -4,16 +4,18 @@ them with crosses Celery intact."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from functools import partial
 
+import pytest
 import redis
 
 from api.chat.relay import relay_frames
 from tasks.config import Config
 from tasks.messages.generation import Endpoint, EventType, FinishReason, GenerateRequest, SamplingParams, StreamEvent
-from tasks.messages.stream_chunks import StreamMeta, encode_chunks
+from tasks.messages.stream_chunks import StreamMeta, encode_chunks, stream_chunks
 from tasks.streams.events import STREAM_START, append_entries_to_streams, append_event, read_entries
 from tasks.streams.redis_keys import RedisKeys
 
@@ -55,3 +57,15 @@ def test_the_stream_meta_crosses_celery_in_the_request() -> None:
     for sent in (request, GenerateRequest(**{**request.__dict__, "stream_meta": meta})):
         assert GenerateRequest.from_dict(json.loads(json.dumps(sent.to_dict()))) == sent
     assert meta.include_usage and meta.return_token_ids and meta.is_legacy_functions
+
+
+@pytest.mark.parametrize("endpoint", list(Endpoint))
+def test_a_tokens_encoded_chunk_is_the_general_paths_text(endpoint: Endpoint) -> None:
+    """The worker encodes a plain DELTA's chunk from a cached envelope; it must be what the chunk dict encodes to."""
+    for include_usage, return_token_ids, index, text, token_ids in itertools.product(
+        (False, True), (False, True), (0, 2), ("", ' w\u00e9"\n</s>'), ([], [5, 6])
+    ):
+        meta = StreamMeta("x-1", endpoint, "tiny", 1700000000, include_usage, return_token_ids=return_token_ids)
+        event = StreamEvent(EventType.DELTA, text=text, token_ids=token_ids, index=index)
+        general = "\n".join(json.dumps(chunk) for chunk in stream_chunks(meta, event))
+        assert encode_chunks(meta, event) == general, (meta, event)
