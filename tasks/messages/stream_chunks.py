@@ -68,12 +68,12 @@ class StreamMeta:
 
 def encode_chunks(meta: StreamMeta, event: StreamEvent) -> str:
     """The event's SSE payloads as the api sends them, joined by PAYLOAD_SEPARATOR ("" for none)."""
-    if _is_plain_delta(event):
+    if is_plain_delta(event):
         return _plain_delta_chunk(meta, event)
     return PAYLOAD_SEPARATOR.join(json.dumps(chunk) for chunk in stream_chunks(meta, event))
 
 
-def _is_plain_delta(event: StreamEvent) -> bool:
+def is_plain_delta(event: StreamEvent) -> bool:
     """A DELTA of text and tokens alone: almost every token's, which `_plain_delta_chunk` encodes."""
     return (
         event.type == EventType.DELTA

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -22,7 +23,7 @@ from tasks.streams.redis_keys import RedisKeys
 from tests.conftest import free_port
 from worker.engine.interface import EngineOutput
 from worker.serving.metrics import ServingMetrics
-from worker.serving.output_processor import FollowedRequest, OutputProcessor
+from worker.serving.output_processor import FollowedRequest, OutputProcessor, event_json
 from worker.text.choice import ENGINE_FAILURE, Choice, engine_request_id
 from worker.text.steering_report import SteeringReport
 from worker.text.text_stream import TextStream
@@ -177,6 +178,22 @@ def test_a_streamed_requests_deltas_carry_the_chunks_its_client_gets_and_others_
         assert chunk["choices"][0]["token_ids"] == event.token_ids and chunk["choices"][0]["text"] == event.text
     other = RedisKeys(config.redis_prefix).request_stream(unstreamed.request.request_id)
     assert [set(fields) for _, fields in client.xrange(other)] == [{b"event"}, {b"event"}]
+
+
+def test_an_events_json_is_what_its_dict_encodes_to() -> None:
+    """The output processor writes a token's DELTA without `to_dict`; readers decode it as they decode any event."""
+    deltas = [
+        StreamEvent(EventType.DELTA, text=text, token_ids=token_ids, index=index, text_offset=offset)
+        for text, token_ids, index, offset in itertools.product(("", ' \u00e9"\n'), ([], [3, 4]), (0, 1), (0, 9))
+    ]
+    others = [
+        StreamEvent(EventType.DELTA, text="a", finish_reason=FinishReason.STOP, index=1),
+        StreamEvent(EventType.DELTA, text="a", logprobs=[{"token": "a", "logprob": -0.5}]),
+        StreamEvent(EventType.FINAL, finish_reason=FinishReason.LENGTH),
+        StreamEvent(EventType.START),
+    ]
+    for event in deltas + others:
+        assert event_json(event) == json.dumps(event.to_dict()), event
 
 
 def test_a_stop_string_ends_the_choice_and_cancels_it_in_the_engine(
