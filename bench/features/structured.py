@@ -2,7 +2,7 @@
 JSON schema, in one process; what constrained rows give up by not speculating; grammar compile times.
 
     .venv/bin/python -m bench.features.structured --model models/tiny [--num-requests 32] [--repeats 3] [--threads N]
-        [--num-schemas 50] [--out table.md] [--random-config 135m]
+        [--num-schemas 50] [--out table.md] [--random-config 135m] [--cases throughput speculation trigger compile]
 
 `--random-config 135m` runs a random-init model of SmolLM-135M's shape on the tiny tokenizer's vocabulary
 (bench/random_model.py) instead of `--model`: the tiny model's steps are mostly per-operator overhead, so the
@@ -56,6 +56,7 @@ logger = logging.getLogger("bench.features.structured")
 
 CONSTRAINED_FRACTIONS = (0.0, 0.5, 1.0)
 TRIGGER_LABELS = ("no grammar", "auto-mode tool trigger")
+CASES = ("throughput", "speculation", "trigger", "compile")
 TIMEOUT_S = 600.0
 WORD = {"type": "string", "maxLength": 16}
 
@@ -97,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     parser.add_argument("--out", type=Path, help="also write the markdown here")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=CASES, help="which tables to measure")
     parser.add_argument(
         "--random-config", choices=sorted(SIZES), help="a random-init model of this size instead of --model"
     )
@@ -221,6 +223,7 @@ def trigger_runs(engine: ContinuousEngine, requests: list[BenchRequest], args: a
                 for r in requests
             ]  # fmt: skip
             runs.append(run_requests(engine, label, batch))
+            logger.info("round %d, %s: %.2fs", round_index, label, runs[-1].seconds)
     return runs
 
 
@@ -275,25 +278,20 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
     spec = WorkloadSpec(args.num_requests, tuple(args.prompt_len), (args.output_len, args.output_len), args.seed)
     requests = make_workload("json", spec, runner.model.config.vocab_size, special_token_ids(runner.model), None)
     grammar = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(record_schema()), "bench")
-    compiles = compile_table(config, runner, args.num_schemas)  # before the engine: its own compiler, cold
+    # before the engine: its own compiler, cold
+    tables = {"compile": compile_table(config, runner, args.num_schemas)} if "compile" in args.cases else {}
     engine = ContinuousEngine(runner, config)
     engine.start()
     try:
         run_requests(engine, "warm-up", mix(requests[:2], 1.0, grammar, 8, "warm"))  # and the grammar compiled
-        runs = []
-        for round_index in range(args.repeats):
-            for fraction in CONSTRAINED_FRACTIONS:
-                label = f"{fraction:.0%}"
-                runs.append(
-                    run_requests(
-                        engine, label, mix(requests, fraction, grammar, args.output_len, f"{round_index}{label}")
-                    )
-                )
-                logger.info("round %d, %s constrained: %.2fs", round_index, label, runs[-1].seconds)
-        spec_runs = speculation_runs(engine, tokenizer, args)
-        run_requests(engine, "warm-up", [EngineRequest("warm-tools", requests[0].prompt_token_ids,
-                     SamplingParams(max_tokens=4, temperature=0.0), grammar=auto_tools_grammar())])  # fmt: skip
-        tool_runs = trigger_runs(engine, requests, args)
+        if "throughput" in args.cases:
+            tables["throughput"] = throughput_table(throughput_runs(engine, requests, grammar, args), args.num_requests)
+        if "speculation" in args.cases:
+            tables["speculation"] = speculation_table(speculation_runs(engine, tokenizer, args))
+        if "trigger" in args.cases:
+            run_requests(engine, "warm-up", [EngineRequest("warm-tools", requests[0].prompt_token_ids,
+                         SamplingParams(max_tokens=4, temperature=0.0), grammar=auto_tools_grammar())])  # fmt: skip
+            tables["trigger"] = trigger_table(trigger_runs(engine, requests, args))
     finally:
         engine.stop()
     return "\n\n".join(
@@ -304,12 +302,23 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
             f"Workload: {args.num_requests} requests at t=0, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
             f"{args.output_len} output tokens each, seed {args.seed}; constrained rows follow a JSON schema of people "
             f"records (nested objects, enums, arrays, bounded strings); median of {args.repeats} interleaved runs",
-            throughput_table(runs, args.num_requests),
-            speculation_table(spec_runs),
-            trigger_table(tool_runs),
-            compiles,
+            *(tables[case] for case in CASES if case in tables),
         ]
     )
+
+
+def throughput_runs(
+    engine: ContinuousEngine, requests: list[BenchRequest], grammar: GrammarSpec, args: argparse.Namespace
+) -> list[Run]:
+    """Every mix of constrained rows, interleaved round by round."""
+    runs = []
+    for round_index in range(args.repeats):
+        for fraction in CONSTRAINED_FRACTIONS:
+            label = f"{fraction:.0%}"
+            batch = mix(requests, fraction, grammar, args.output_len, f"{round_index}{label}")
+            runs.append(run_requests(engine, label, batch))
+            logger.info("round %d, %s constrained: %.2fs", round_index, label, runs[-1].seconds)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
