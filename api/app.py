@@ -9,6 +9,7 @@ from flask import Flask, Response, g
 
 from api.batches import batch_routes, file_routes
 from api.chat import chat_routes, completion_routes, request_routes, tokenize_routes
+from api.conversations import routes as conversation_routes
 from api.embeddings import routes as embedding_routes
 from api.errors import register_error_handlers
 from api.gate.admission_hooks import register_admission_gate
@@ -63,6 +64,7 @@ def create_app(config: Config | None = None) -> Flask:
         tokenize_routes,
         version_routes,
         response_routes,
+        conversation_routes,
         message_routes,
         embedding_routes,
     )

@@ -8,6 +8,7 @@ from alembic import context
 
 import tasks.batches.models  # registers the Batch API tables on Base.metadata
 import tasks.store.api_keys  # registers the keys table on Base.metadata
+import tasks.store.conversation_models  # registers the Conversations API tables on Base.metadata
 import tasks.store.response_models  # noqa: F401  (registers the Responses API table on Base.metadata)
 from tasks.config import Config
 from tasks.store.db import make_db_engine

@@ -1,5 +1,6 @@
 """The `x-request-id` header every response carries: the client's own `X-Request-Id` when it sent a sane one, else
-the generated request's id (chat and completions), else a fresh id. The openai client reads it as `_request_id`."""
+the generated request's id (chat, completions and messages), else a fresh id. The openai client reads it as
+`_request_id`; the Messages API's routes send the same id as Anthropic's `request-id` too."""
 
 from __future__ import annotations
 
@@ -17,10 +18,16 @@ def note_request_id(request_id: str) -> None:
     g.request_id = request_id
 
 
+def response_request_id() -> str:
+    """The id this request's response names, the same wherever it is asked for."""
+    if "response_request_id" not in g:
+        sent = request.headers.get(HEADER, "")
+        g.response_request_id = (
+            sent if SANE_REQUEST_ID.match(sent) else g.get("request_id") or f"req_{uuid.uuid4().hex}"
+        )
+    return g.response_request_id
+
+
 def add_request_id_header(response: Response) -> Response:
-    sent = request.headers.get(HEADER, "")
-    if SANE_REQUEST_ID.match(sent):
-        response.headers[HEADER] = sent
-    else:
-        response.headers[HEADER] = g.get("request_id") or f"req_{uuid.uuid4().hex}"
+    response.headers[HEADER] = response_request_id()
     return response

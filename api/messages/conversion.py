@@ -1,5 +1,6 @@
 """A Messages API request as the chat request that runs it: the system prompt and the messages' blocks become chat
-messages (tool_use blocks an assistant's tool_calls, tool_result blocks tool messages), tools and tool_choice become
+messages (consecutive messages of one role merged into one turn, tool_use blocks an assistant's tool_calls,
+tool_result blocks tool messages, a failed call's result marked as an error), tools and tool_choice become
 chat's, so the chat path's templates, grammars, tool parsing, steering and admission serve both. A conversation that
 ends with an assistant message has that message continued (Anthropic's prefill).
 
@@ -33,6 +34,7 @@ CHAT_PARAMS = (
     (re.compile(r"^stop$"), "stop_sequences"),
 )
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+TOOL_ERROR_MARK = "Error: "  # what a tool_result with is_error: true starts with, as the model reads it
 
 
 def messages_params() -> AbstractContextManager[None]:
@@ -56,12 +58,24 @@ def chat_request(body: MessagesInput) -> ChatCompletionRequest:
 
 def chat_messages(system: list[TextBlock] | None, messages: list[MessageParam]) -> list[dict[str, Any]]:
     rendered: list[dict[str, Any]] = [{"role": "system", "content": _text_parts(system)}] if system else []
+    messages = merged_turns(messages)
     for index, message in enumerate(messages):
         if message.role == "assistant":
             rendered.append(_assistant_message(message, is_final=index == len(messages) - 1))
         else:
             rendered.extend(_user_messages(message))
     return rendered
+
+
+def merged_turns(messages: list[MessageParam]) -> list[MessageParam]:
+    """Consecutive messages of one role are one turn, their blocks in order, as Anthropic combines them."""
+    turns: list[MessageParam] = []
+    for message in messages:
+        if turns and turns[-1].role == message.role:
+            turns[-1] = MessageParam.model_construct(role=message.role, content=turns[-1].content + message.content)
+        else:
+            turns.append(message)
+    return turns
 
 
 def _assistant_message(message: MessageParam, is_final: bool) -> dict[str, Any]:
@@ -88,12 +102,18 @@ def _user_messages(message: MessageParam) -> list[dict[str, Any]]:
             if texts:
                 rendered.append({"role": "user", "content": _text_parts(texts)})
                 texts = []
-            rendered.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _text_parts(block.content)})
+            rendered.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_parts(block)})
         elif isinstance(block, TextBlock):
             texts.append(block)
     if texts or not rendered:
         rendered.append({"role": "user", "content": _text_parts(texts)})
     return rendered
+
+
+def _tool_result_parts(block: ToolResultBlock) -> list[dict[str, str]]:
+    """A result marked `is_error` opens with TOOL_ERROR_MARK, so the model reads that the call failed."""
+    parts = _text_parts(block.content)
+    return [{"type": "text", "text": TOOL_ERROR_MARK}, *parts] if block.is_error else parts
 
 
 def _text_parts(blocks: list[Any]) -> list[dict[str, str]]:

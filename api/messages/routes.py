@@ -14,7 +14,7 @@ from api.chat.generation import build_generate_request, cancel_generation, recor
 from api.chat.prompts import chat_prompt_ids
 from api.chat.schemas import ChatCompletionRequest
 from api.gate.auth import current_principal
-from api.gate.request_ids import note_request_id
+from api.gate.request_ids import note_request_id, response_request_id
 from api.gate.request_limits import read_json_object
 from api.messages.conversion import chat_request, messages_params
 from api.messages.events import PING, MessageEvents
@@ -31,6 +31,7 @@ from tasks.streams.attachments import attach
 
 logger = logging.getLogger(__name__)
 bp = Blueprint("messages", __name__)
+ANTHROPIC_REQUEST_ID = "request-id"
 INTERRUPTED = ErrorInfo("The event stream was interrupted.", "service_unavailable", None, "service_unavailable")
 
 
@@ -64,7 +65,8 @@ def count_tokens() -> Response:
 def in_anthropic_shape(response: Response) -> Response:
     """Every error these routes answer (from the view, authentication, the admission gate or a body limit) in
     Anthropic's shape: {"type": "error", "error": {"type", "message"}}, the status and headers kept; the message names
-    the field at fault, as the `param` of OpenAI's shape did."""
+    the field at fault, as the `param` of OpenAI's shape did. Every answer carries Anthropic's `request-id` header
+    (the anthropic SDK's `_request_id`)."""
     body = response.get_json(silent=True) if response.status_code >= 400 and response.is_json else None
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
@@ -72,6 +74,7 @@ def in_anthropic_shape(response: Response) -> Response:
         if param and param not in message:
             message = f"{param}: {message}"
         response.set_data(json.dumps(error_body(response.status_code, message)))
+    response.headers[ANTHROPIC_REQUEST_ID] = response_request_id()
     return response
 
 

@@ -39,7 +39,7 @@ def _as_text_blocks(content: Any) -> Any:
 
 
 class ToolResultBlock(ReplayedModel):
-    """What a call returned (`is_error` is accepted; the result's text says what happened)."""
+    """What a call returned; `is_error`: the call failed, which the model is shown (api/messages/conversion.py)."""
 
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)

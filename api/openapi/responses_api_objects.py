@@ -70,6 +70,10 @@ class Reasoning(BaseModel):
     summary: None
 
 
+class ConversationRef(BaseModel):
+    id: str
+
+
 class ResponseObject(BaseModel):
     """A response as it stands: its output and usage once it has ended (none in a stream's opening snapshots), and
     what it repeats of its request."""
@@ -90,6 +94,7 @@ class ResponseObject(BaseModel):
     output: list[OutputItem]
     parallel_tool_calls: bool
     previous_response_id: str | None
+    conversation: ConversationRef | None = Field(description="the conversation its input and output joined")
     reasoning: Reasoning
     store: bool
     temperature: float | None

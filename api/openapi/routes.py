@@ -11,10 +11,12 @@ from api.batches import file_routes
 from api.batches.batch_routes import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, BatchCreate
 from api.chat.schemas import ChatCompletionRequest, CompletionRequest
 from api.chat.tokenize_routes import Detokenize
+from api.conversations.schemas import ConversationCreateRequest, ConversationUpdateRequest, ItemsCreateRequest
 from api.embeddings.schemas import EmbeddingRequest
 from api.gate.idempotency import MAX_KEY_LENGTH
 from api.messages.schemas import MessageCountTokensRequest, MessageCreateRequest
 from api.openapi import completion_objects as gen
+from api.openapi import conversation_objects as conv
 from api.openapi import embedding_objects as emb
 from api.openapi import messages_api_objects as msg
 from api.openapi import resource_objects as res
@@ -68,6 +70,8 @@ REQUEST_LINKS = ("requests.retrieve_request", "requests.request_events", "reques
 FILE_LINKS = ("files.retrieve_file", "files.file_content", "files.delete_file")
 BATCH_LINKS = ("batches.retrieve_batch", "batches.cancel_batch", "batches.batch_events")
 RESPONSE_LINKS = ("responses.retrieve", "responses.list_input_items", "responses.cancel", "responses.delete")
+CONVERSATION_LINKS = ("conversations.retrieve", "conversations.update", "conversations.list_items",
+                      "conversations.create_items", "conversations.delete")  # fmt: skip
 
 
 def chat_example(model: str) -> dict[str, Any]:
@@ -88,6 +92,10 @@ def message_example(model: str) -> dict[str, Any]:
 
 def count_tokens_example(model: str) -> dict[str, Any]:
     return {"model": model, "system": "Be brief.", "messages": [{"role": "user", "content": "Say hello."}]}
+
+
+def conversation_example(model: str) -> dict[str, Any]:
+    return {"items": [{"type": "message", "role": "user", "content": "Say hello."}], "metadata": {"topic": "demo"}}
 
 
 def embedding_example(model: str) -> dict[str, Any]:
@@ -135,6 +143,23 @@ OPERATIONS: dict[str, Operation] = {
     ),
     "responses.cancel": Operation("Cancel a background response", "responses", resp.ResponseObject, errors=(404,)),
     "responses.delete": Operation("Delete a response", "responses", resp.ResponseDeleted, errors=(404,)),
+    "conversations.create": Operation("Create a conversation", "conversations", conv.Conversation,
+                                      ConversationCreateRequest, example=conversation_example,
+                                      links=CONVERSATION_LINKS),
+    "conversations.retrieve": Operation("Retrieve a conversation", "conversations", conv.Conversation, errors=(404,)),
+    "conversations.update": Operation("Update a conversation's metadata", "conversations", conv.Conversation,
+                                      ConversationUpdateRequest, errors=(404, 413)),
+    "conversations.delete": Operation("Delete a conversation and its items", "conversations",
+                                      conv.ConversationDeleted, errors=(404,)),
+    "conversations.list_items": Operation("List a conversation's items", "conversations", conv.ConversationItemList,
+                                          parameters=conv.ITEM_LIST_PARAMETERS, errors=(404,)),
+    "conversations.create_items": Operation("Add items to a conversation", "conversations",
+                                            conv.ConversationItemList, ItemsCreateRequest,
+                                            parameters=(conv.ITEM_INCLUDE,), errors=(404, 413)),
+    "conversations.retrieve_item": Operation("Retrieve a conversation's item", "conversations",
+                                             conv.ConversationItem, parameters=(conv.ITEM_INCLUDE,), errors=(404,)),
+    "conversations.delete_conversation_item": Operation("Delete an item; answers the conversation", "conversations",
+                                                        conv.Conversation, errors=(404,)),
     "messages.create": Operation(
         "Create a message (Anthropic's Messages API)", "messages", msg.Message, MessageCreateRequest,
         stream=msg.MESSAGE_EVENTS, is_done_terminated=False, errors=GENERATION_ERRORS, example=message_example,

@@ -116,6 +116,7 @@ def echoed_params(body: ResponseCreateRequest) -> dict[str, Any]:
         "user": body.user,
         "top_logprobs": body.top_logprobs,
         "max_tool_calls": body.max_tool_calls,
+        "conversation": body.conversation.model_dump() if body.conversation else None,
     }
 
 

@@ -18,6 +18,7 @@ from api.chat.generation import (
     record_and_enqueue,
     wait_for_finished,
 )
+from api.conversations.turns import add_turn, conversation_prefix, find_conversation, settle_response
 from api.errors import APIError
 from api.gate.auth import current_principal
 from api.gate.request_limits import read_json_object
@@ -46,7 +47,11 @@ def create() -> Response:
     info = model_info_for(create_request.model)
     if create_request.background and not create_request.store:
         raise APIError(400, "A background response must be stored: store cannot be false.", param="background")
-    items = _conversation(create_request.previous_response_id) + create_request.input
+    conversation_id = create_request.conversation.id if create_request.conversation else None
+    earlier = (
+        _conversation_items(conversation_id) if conversation_id else _conversation(create_request.previous_response_id)
+    )
+    items = earlier + create_request.input
     request_record = record_and_enqueue(response_request(info, create_request, items, current_principal().tenant), body)
     record = ResponseRecord(
         id="resp_" + uuid.uuid4().hex,
@@ -61,6 +66,8 @@ def create() -> Response:
         params=echoed_params(create_request),
     )
     create_response(db_session(), record)
+    if conversation_id is not None:
+        add_turn(db_session(), conversation_id, create_request.input, record.id)
     logger.info("response %s runs as request %s", record.id, record.request_id)
     if create_request.stream:
         return _stream(record, FROM_START)
@@ -116,6 +123,7 @@ def delete(response_id: str) -> Response:
     record = _find(response_id)
     if not record.request.is_finished:
         cancel_generation(record.request_id)
+    settle_response(db_session(), record, services().config.tool_call_parser)
     delete_response(db_session(), record)
     return jsonify({"id": response_id, "object": "response", "deleted": True})
 
@@ -140,6 +148,13 @@ def _conversation(previous_response_id: str | None) -> list[Any]:
         message = f"Previous response with id '{previous_response_id}' has not finished yet."
         raise APIError(400, message, param="previous_response_id")
     return read_items(previous.input_items + output_items(previous, services().config.tool_call_parser))
+
+
+def _conversation_items(conversation_id: str) -> list[Any]:
+    """The conversation's items so far, which the response reads before its own input."""
+    session, tenant = db_session(), current_principal().tenant
+    find_conversation(session, conversation_id, tenant, param="conversation")
+    return conversation_prefix(session, conversation_id, services().config.tool_call_parser)
 
 
 def _stream_key(record: ResponseRecord) -> str:
@@ -170,7 +185,9 @@ def _reload(response_id: str, session: Session | None = None) -> ResponseRecord:
 def _forget(response_id: str, session: Session | None = None) -> None:
     """store false: nothing stays once the response has ended."""
     session = session or db_session()
-    delete_response(session, _reload(response_id, session))
+    record = _reload(response_id, session)
+    settle_response(session, record, services().config.tool_call_parser)
+    delete_response(session, record)
 
 
 def _wait(record: ResponseRecord) -> Response:

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from api.chat.openai_extras import Identifier
 from api.chat.schemas import MAX_TOP_LOGPROBS
@@ -25,6 +34,18 @@ INCLUDABLE = Literal[
     "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
     "computer_call_output.output.image_url", "code_interpreter_call.outputs",
 ]  # fmt: skip
+
+
+def check_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
+    pairs = metadata or {}
+    if len(pairs) > MAX_METADATA_PAIRS:
+        raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs are allowed")
+    if any(len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE for key, value in pairs.items()):
+        raise ValueError(f"keys are at most {MAX_METADATA_KEY} characters, values {MAX_METADATA_VALUE}")
+    return metadata
+
+
+Metadata = Annotated[dict[str, str] | None, AfterValidator(check_metadata)]
 
 
 class InputTextPart(ReplayedModel):
@@ -169,6 +190,15 @@ class ResponseStreamOptions(StrictModel):
     include_obfuscation: bool | None = None  # ignored: events carry no obfuscation padding
 
 
+class ConversationRef(StrictModel):
+    id: str = Field(min_length=1)
+
+
+def _as_conversation_ref(value: Any) -> Any:
+    """`conversation` given as its id."""
+    return {"id": value} if isinstance(value, str) else value
+
+
 class ResponseCreateRequest(StrictModel):
     model: str
     input: Annotated[
@@ -181,10 +211,14 @@ class ResponseCreateRequest(StrictModel):
     temperature: Annotated[float, NULL_IS_DEFAULT] = Field(1.0, ge=0.0, le=2.0)
     top_p: Annotated[float, NULL_IS_DEFAULT] = Field(1.0, gt=0.0, le=1.0)
     store: Annotated[bool, NULL_IS_DEFAULT] = True
-    metadata: dict[str, str] | None = None
+    metadata: Metadata = None
     stream: Annotated[bool, NULL_IS_DEFAULT] = False
     background: Annotated[bool, NULL_IS_DEFAULT] = False
     previous_response_id: str | None = None
+    conversation: Annotated[
+        ConversationRef | None,
+        BeforeValidator(_as_conversation_ref, json_schema_input_type=str | ConversationRef | None),
+    ] = None
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     text: TextConfig | None = None
@@ -206,15 +240,13 @@ class ResponseCreateRequest(StrictModel):
     def wants_logprobs(self) -> bool:
         return OUTPUT_TEXT_LOGPROBS in (self.include or ()) or self.top_logprobs is not None
 
-    @field_validator("metadata")
-    @classmethod
-    def _check_metadata(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        pairs = metadata or {}
-        if len(pairs) > MAX_METADATA_PAIRS:
-            raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs are allowed")
-        if any(len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE for key, value in pairs.items()):
-            raise ValueError(f"keys are at most {MAX_METADATA_KEY} characters, values {MAX_METADATA_VALUE}")
-        return metadata
+    @model_validator(mode="after")
+    def _check_one_history(self) -> ResponseCreateRequest:
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise ValueError(
+                "Mutually exclusive parameters: provide only one of 'previous_response_id' or 'conversation'."
+            )
+        return self
 
     @field_validator("tool_choice")
     @classmethod

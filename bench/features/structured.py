@@ -1,8 +1,9 @@
 """Structured-output cost (issue 18): throughput with 0 %, 50 % and 100 % of the rows constrained by a realistic
-JSON schema, in one process; what constrained rows give up by not speculating; grammar compile times.
+JSON schema, in one process; what constrained rows give up by not speculating; grammar compile times. The trigger
+grammar of tools offered in auto mode has its own: bench/features/tool_trigger.py.
 
     .venv/bin/python -m bench.features.structured --model models/tiny [--num-requests 32] [--repeats 3] [--threads N]
-        [--num-schemas 50] [--out table.md] [--random-config 135m]
+        [--num-schemas 50] [--out table.md] [--random-config 135m] [--cases throughput speculation compile]
 
 `--random-config 135m` runs a random-init model of SmolLM-135M's shape on the tiny tokenizer's vocabulary
 (bench/random_model.py) instead of `--model`: the tiny model's steps are mostly per-operator overhead, so the
@@ -17,10 +18,6 @@ The target is at least 0.9x of unconstrained throughput with every row constrain
 Speculation: constrained rows never speculate. Two requests (a batch small enough to speculate in) whose prompt
 holds the JSON they go on to write, greedy, unconstrained with ngram proposals, unconstrained without, and
 constrained: the first two's gap is what a constrained row gives up.
-
-Tools in auto mode: every row carries the trigger grammar of `tool_choice: "auto"` (free text; a call started with
-the parser's marker is held to the tools' schemas) against the same rows with no grammar, unconstrained and ignoring
-EOS alike: the cost the trigger adds to a row that writes text. The target is at most 5 % at 135M.
 
 Compile: `--num-schemas` distinct variants of the schema through the worker's GrammarCompiler, cold (each a
 compile) and again (each a cache hit).
@@ -47,7 +44,7 @@ from bench.random_model import SIZES, random_model_dir
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import Config
 from tasks.messages.generation import SamplingParams
-from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar, ToolFunction
+from tasks.messages.grammar import GrammarKind, GrammarSpec
 from worker.engine.continuous_engine import ContinuousEngine, grammar_compiler
 from worker.engine.interface import EngineOutput, EngineRequest
 from worker.engine.model_runner import ModelRunner
@@ -55,8 +52,9 @@ from worker.engine.model_runner import ModelRunner
 logger = logging.getLogger("bench.features.structured")
 
 CONSTRAINED_FRACTIONS = (0.0, 0.5, 1.0)
-TRIGGER_LABELS = ("no grammar", "auto-mode tool trigger")
+CASES = ("throughput", "speculation", "compile")
 TIMEOUT_S = 600.0
+COMPILE_TIMEOUT_S = 60.0
 WORD = {"type": "string", "maxLength": 16}
 
 
@@ -97,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     parser.add_argument("--out", type=Path, help="also write the markdown here")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=CASES, help="which tables to measure")
     parser.add_argument(
         "--random-config", choices=sorted(SIZES), help="a random-init model of this size instead of --model"
     )
@@ -202,39 +201,6 @@ def speculation_runs(engine: ContinuousEngine, tokenizer: PreTrainedTokenizerFas
     return runs
 
 
-def auto_tools_grammar() -> GrammarSpec:
-    """Two tools offered with tool_choice "auto", as the api builds it (tools/grammar in api/structured)."""
-    city = {"type": "object", "properties": {"city": WORD}, "required": ["city"]}
-    tools = (ToolFunction("get_weather", city), ToolFunction("add_people", record_schema()))
-    return ToolCallGrammar("hermes", tools, is_parallel=True, is_triggered=True).to_spec("tools")
-
-
-def trigger_runs(engine: ContinuousEngine, requests: list[BenchRequest], args: argparse.Namespace) -> list[Run]:
-    """Unconstrained rows (EOS ignored, so every row writes output_len tokens) with and without the trigger."""
-    sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    runs = []
-    for round_index in range(args.repeats):
-        for label, grammar in zip(TRIGGER_LABELS, (None, auto_tools_grammar()), strict=True):
-            batch = [
-                EngineRequest(f"{r.request_id}-t{round_index}-{grammar is None}", r.prompt_token_ids, sampling,
-                              grammar=grammar)
-                for r in requests
-            ]  # fmt: skip
-            runs.append(run_requests(engine, label, batch))
-    return runs
-
-
-def trigger_table(runs: list[Run]) -> str:
-    lines = ["| every row unconstrained | median s | output tok/s | x no grammar |", "|---|---|---|---|"]
-    rates = {}
-    for label in TRIGGER_LABELS:
-        mine = [run for run in runs if run.label == label]
-        seconds = statistics.median(run.seconds for run in mine)
-        rates[label] = rate = mine[0].num_tokens / seconds
-        lines.append(f"| {label} | {seconds:.2f} | {rate:.1f} | {rate / rates[TRIGGER_LABELS[0]]:.3f}x |")
-    return "\n".join(lines)
-
-
 def compile_table(config: Config, runner: ModelRunner, num_schemas: int) -> str:
     compiler = grammar_compiler(config, runner)
     specs = [
@@ -257,7 +223,9 @@ def model_description(args: argparse.Namespace) -> str:
     return f"{args.random_config} random-init (bench/random_model.py)" if args.random_config else args.model
 
 
-def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
+def open_engine(args: argparse.Namespace) -> tuple[Config, ModelRunner, list[BenchRequest]]:
+    """The model (`--random-config` builds it), a CPU engine config with prefix caching and speculation off, and
+    the workload's requests. Grammars get a minute to compile: a busy machine would otherwise fail the warm-up."""
     torch.set_num_threads(args.threads)
     if args.random_config is not None:
         args.model = str(random_model_dir(args.random_config, torch.float32))
@@ -269,31 +237,35 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
         enable_prefix_caching=False,
         speculative_method="none",
         cpu_threads=args.threads,
+        grammar_compile_timeout_s=COMPILE_TIMEOUT_S,
     )
     runner = ModelRunner(config)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
     spec = WorkloadSpec(args.num_requests, tuple(args.prompt_len), (args.output_len, args.output_len), args.seed)
     requests = make_workload("json", spec, runner.model.config.vocab_size, special_token_ids(runner.model), None)
+    return config, runner, requests
+
+
+def workload_description(args: argparse.Namespace) -> str:
+    return (
+        f"{args.num_requests} requests at t=0, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
+        f"{args.output_len} output tokens each, seed {args.seed}; median of {args.repeats} interleaved runs"
+    )
+
+
+def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
+    config, runner, requests = open_engine(args)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
     grammar = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(record_schema()), "bench")
-    compiles = compile_table(config, runner, args.num_schemas)  # before the engine: its own compiler, cold
+    # before the engine: its own compiler, cold
+    tables = {"compile": compile_table(config, runner, args.num_schemas)} if "compile" in args.cases else {}
     engine = ContinuousEngine(runner, config)
     engine.start()
     try:
         run_requests(engine, "warm-up", mix(requests[:2], 1.0, grammar, 8, "warm"))  # and the grammar compiled
-        runs = []
-        for round_index in range(args.repeats):
-            for fraction in CONSTRAINED_FRACTIONS:
-                label = f"{fraction:.0%}"
-                runs.append(
-                    run_requests(
-                        engine, label, mix(requests, fraction, grammar, args.output_len, f"{round_index}{label}")
-                    )
-                )
-                logger.info("round %d, %s constrained: %.2fs", round_index, label, runs[-1].seconds)
-        spec_runs = speculation_runs(engine, tokenizer, args)
-        run_requests(engine, "warm-up", [EngineRequest("warm-tools", requests[0].prompt_token_ids,
-                     SamplingParams(max_tokens=4, temperature=0.0), grammar=auto_tools_grammar())])  # fmt: skip
-        tool_runs = trigger_runs(engine, requests, args)
+        if "throughput" in args.cases:
+            tables["throughput"] = throughput_table(throughput_runs(engine, requests, grammar, args), args.num_requests)
+        if "speculation" in args.cases:
+            tables["speculation"] = speculation_table(speculation_runs(engine, tokenizer, args))
     finally:
         engine.stop()
     return "\n\n".join(
@@ -301,15 +273,25 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
             f"Machine: {machine_description(args)}",
             f"Command: `.venv/bin/python -m bench.features.structured {shlex.join(argv)}`",
             f"Model: {model_description(args)}",
-            f"Workload: {args.num_requests} requests at t=0, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
-            f"{args.output_len} output tokens each, seed {args.seed}; constrained rows follow a JSON schema of people "
-            f"records (nested objects, enums, arrays, bounded strings); median of {args.repeats} interleaved runs",
-            throughput_table(runs, args.num_requests),
-            speculation_table(spec_runs),
-            trigger_table(tool_runs),
-            compiles,
+            f"Workload: {workload_description(args)}; constrained rows follow a JSON schema of people records "
+            "(nested objects, enums, arrays, bounded strings)",
+            *(tables[case] for case in CASES if case in tables),
         ]
     )
+
+
+def throughput_runs(
+    engine: ContinuousEngine, requests: list[BenchRequest], grammar: GrammarSpec, args: argparse.Namespace
+) -> list[Run]:
+    """Every mix of constrained rows, interleaved round by round."""
+    runs = []
+    for round_index in range(args.repeats):
+        for fraction in CONSTRAINED_FRACTIONS:
+            label = f"{fraction:.0%}"
+            batch = mix(requests, fraction, grammar, args.output_len, f"{round_index}{label}")
+            runs.append(run_requests(engine, label, batch))
+            logger.info("round %d, %s constrained: %.2fs", round_index, label, runs[-1].seconds)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:

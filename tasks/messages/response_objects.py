@@ -142,6 +142,7 @@ def response_object(record: ResponseRecord, tool_parser: str, in_flight_status: 
         "output": [] if is_snapshot else output_items(record, tool_parser),
         "parallel_tool_calls": params.get("parallel_tool_calls", True),
         "previous_response_id": record.previous_response_id,
+        "conversation": params.get("conversation"),
         "reasoning": {"effort": None, "summary": None},
         "store": record.store,
         "temperature": params.get("temperature"),

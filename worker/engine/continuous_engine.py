@@ -263,14 +263,18 @@ class ContinuousEngine:
 
     def _hand_to_grammar(self, update: TokenUpdate) -> bool:
         """A constrained row's matcher takes its appended token (and only that: it is what a preempted row keeps)
-        with the row's next fill; False, failing the row, if it refused the one before."""
+        with the row's next fill; False, failing the row, if it refused the one before. An EOS that a row ignoring
+        EOS wrote is not the grammar's: the matcher would end there, and the row goes on (its text skips EOS too)."""
         grammar = self._sequences[update.request.request_id].grammar
         if grammar is None or not update.token_ids:  # max_tokens 0: nothing appended
             return True
         if grammar.refused_token_id is not None:
             self._fail(update.request.request_id, f"the grammar refused the sampled token {grammar.refused_token_id}")
             return False
-        grammar.pending_token_id = update.token_ids[-1]
+        token_id = update.token_ids[-1]
+        is_ignored_eos = token_id in self._runner.eos_token_ids and token_id not in update.request.stop_token_ids
+        if not is_ignored_eos:
+            grammar.pending_token_id = token_id
         return True
 
     def _emit(self, update: TokenUpdate, logprob: TokenLogprob | None) -> None:

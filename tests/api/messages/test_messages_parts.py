@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.errors import APIError, validation_error_info
-from api.messages.conversion import chat_request, messages_params
+from api.messages.conversion import TOOL_ERROR_MARK, chat_request, messages_params
 from api.messages.events import MessageEvents
 from api.messages.objects import error_body, message_object
 from api.messages.schemas import MessageCountTokensRequest, MessageCreateRequest
@@ -138,6 +138,44 @@ def test_blocks_become_the_chat_messages_that_run_them() -> None:
     assert chat.messages[3].tool_call_id == "toolu_1"
     assert chat.continue_final_message and not chat.add_generation_prompt  # the final assistant turn is continued
     assert chat.tools[0].function.parameters == WEATHER["input_schema"]  # type: ignore[index]
+
+
+def test_consecutive_messages_of_a_role_are_one_turn() -> None:
+    """As Anthropic combines them: two user messages, then two assistant ones (a call, then its text), are the same
+    chat messages as one message of each with their blocks in order."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Rome"}}
+    split = [
+        {"role": "user", "content": "weather"}, {"role": "user", "content": [{"type": "text", "text": " in Rome?"}]},
+        {"role": "assistant", "content": "let me see"}, {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]},
+        {"role": "user", "content": "thanks"},
+    ]  # fmt: skip
+    joined = [
+        {"role": "user", "content": [{"type": "text", "text": "weather"}, {"type": "text", "text": " in Rome?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "let me see"}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                                     {"type": "text", "text": "thanks"}]},
+    ]  # fmt: skip
+    as_split, as_joined = (
+        chat_request(MessageCreateRequest.model_validate(body(messages=history, tools=[WEATHER])))
+        for history in (split, joined)
+    )
+    assert as_split.model_dump() == as_joined.model_dump()
+    assert [(m.role, m.text) for m in as_split.messages] == [
+        ("user", "weather in Rome?"), ("assistant", "let me see"), ("tool", "sunny"), ("user", "thanks"),
+    ]  # fmt: skip
+
+
+def test_a_failed_calls_result_is_shown_as_an_error() -> None:
+    results = [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "no such city", "is_error": True},
+        {"type": "tool_result", "tool_use_id": "toolu_2", "content": "sunny", "is_error": False},
+    ]
+    calls = [{"type": "tool_use", "id": f"toolu_{i}", "name": "get_weather", "input": {"city": "X"}} for i in (1, 2)]
+    history = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": calls},
+               {"role": "user", "content": results}]  # fmt: skip
+    chat = chat_request(MessageCreateRequest.model_validate(body(messages=history, tools=[WEATHER])))
+    assert [m.text for m in chat.messages if m.role == "tool"] == [f"{TOOL_ERROR_MARK}no such city", "sunny"]
 
 
 def test_tool_choice_and_sampling_are_chats() -> None:

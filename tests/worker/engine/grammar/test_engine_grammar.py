@@ -13,11 +13,12 @@ from transformers import PreTrainedTokenizerBase
 
 from tasks.config import Config
 from tasks.messages.generation import SamplingParams
-from tasks.messages.grammar import GrammarKind, GrammarSpec
+from tasks.messages.grammar import GrammarKind, GrammarSpec, ToolCallGrammar, ToolFunction
 from tests.worker.engine.test_engine_steering import chat_prompt, feature_spec
 from tests.worker.engine_harness import Collector, greedy, load_runner, serve, submit_together
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineRequest
+from worker.engine.model_runner import ModelRunner
 
 pytestmark = pytest.mark.usefixtures("tiny_sae_root")
 PERSON = {
@@ -31,6 +32,8 @@ PERSON = {
 }
 SCHEMA = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(PERSON), "response_format.json_schema.schema")
 MAX_TOKENS = 48
+WEATHER = ToolFunction("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})
+AUTO_TOOLS = ToolCallGrammar("hermes", (WEATHER,), is_parallel=True, is_triggered=True).to_spec("tools")
 
 
 def text(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> str:
@@ -108,6 +111,25 @@ def test_a_preempted_constrained_row_resumes_its_grammar(
     assert tight_engine.stats.num_preemptions > 0
     expected = run_constrained(engine, "roomy", prompt, greedy(MAX_TOKENS), SCHEMA).token_ids
     assert [c.token_ids for c in together] == [expected] * 3
+
+
+@pytest.mark.parametrize("grammar", [AUTO_TOOLS, SCHEMA], ids=["auto-tools-trigger", "json-schema"])
+def test_a_constrained_row_that_ignores_eos_writes_on_past_it(
+    engine: ContinuousEngine, runner: ModelRunner, tokenizer: PreTrainedTokenizerBase, grammar: GrammarSpec
+) -> None:
+    """EOS pushed up so far the row writes it whenever its grammar allows it: free text (the tools' trigger) allows
+    it at once, a schema once its JSON is complete. The row ignores EOS, so it writes on, EOS after EOS, to
+    max_tokens; the grammar, which would have ended at the first EOS, must not fail the row there."""
+    [eos, *_] = sorted(runner.eos_token_ids)
+    sampling = SamplingParams(max_tokens=MAX_TOKENS + 8, temperature=0.0, ignore_eos=True, logit_bias=((eos, 100.0),))
+    collector = run_constrained(engine, "past-eos", chat_prompt(tokenizer, "describe Anna as JSON"), sampling, grammar)
+    assert collector.outputs[-1].error is None and len(collector.token_ids) == MAX_TOKENS + 8
+    first_eos = collector.token_ids.index(eos)
+    assert set(collector.token_ids[first_eos:]) == {eos}
+    if grammar is SCHEMA:
+        json.loads(text(tokenizer, collector.token_ids[:first_eos]))
+    else:
+        assert first_eos == 0
 
 
 def run_request(engine: ContinuousEngine, request: EngineRequest) -> Collector:

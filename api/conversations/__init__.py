@@ -1,0 +1,1 @@
+"""OpenAI's Conversations API: conversations, their items, and the turns responses add to them."""
