@@ -11,27 +11,19 @@ codes (worker/kernels/kv_quant.py) are read and written by the same calls, given
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from worker.kernels.c_library import CFLAGS, built_library
 from worker.kernels.kernel_codes import KernelCodes, codes_scratch_floats
 from worker.kernels.layer_variant import LayerVariant
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
-# -fassociative-math lets the compiler vectorize the sums; no -ffast-math, whose shared objects switch the whole
-# process to flushing denormals to zero when loaded.
-CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
-COMPILE_TIMEOUT_S = 120
 MAX_GROUP = 64  # query heads per KV head: paged_decode.c's MAX_GROUP, the size of a buffer on its stack
 _POINTER, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 CODE_DTYPES = (torch.int8, torch.uint8)  # a quantized pool's elements
@@ -264,46 +256,10 @@ def _check_layouts(*floats: torch.Tensor, index: torch.Tensor | None = None) -> 
 
 
 def load_cpu_decode_kernel(cache_dir: Path | None = None) -> CpuDecodeKernel | None:
-    """The kernel, compiled on first use into `cache_dir` (default ~/.cache/steerbatch/kernels) under a name that
-    changes with the source, the flags and this CPU; None, with a warning, when it cannot be built."""
-    cache_dir = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "steerbatch" / "kernels"
-    library = cache_dir / f"paged_decode-{_build_key()}.so"
+    """The kernel, compiled on first use into `cache_dir` (default ~/.cache/steerbatch/kernels; see c_library.py);
+    None, with a warning, when it cannot be built."""
     try:
-        if not library.exists():
-            _compile(library)
-        return CpuDecodeKernel(library)
+        return CpuDecodeKernel(built_library(SOURCE, CFLAGS, cache_dir))
     except (OSError, subprocess.SubprocessError) as exc:
         logger.warning("CPU decode kernel unavailable (%s): decode attention gathers blocks instead", exc)
         return None
-
-
-def _compile(library: Path) -> None:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise OSError("no C compiler: set CC or install gcc")
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:  # os.replace: concurrent builders never clash
-        built = Path(scratch) / library.name
-        command = [compiler, *CFLAGS, "-shared", "-fPIC", str(SOURCE), "-o", str(built)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-        if done.returncode != 0:
-            raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()[:500]}")
-        os.replace(built, library)
-    logger.info("compiled the CPU decode kernel into %s", library)
-
-
-def _build_key() -> str:
-    """Source, flags, compiler and CPU: -march=native code must not be loaded on another CPU from a shared cache."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
-    digest.update(f"{platform.machine()} {_cpu_identity()} {os.environ.get('CC', 'cc')}".encode())
-    return digest.hexdigest()[:16]
-
-
-def _cpu_identity() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = ("model name", "flags", "CPU part", "Features")  # x86, and ARM's names
-    return "|".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))

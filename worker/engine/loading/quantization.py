@@ -27,6 +27,8 @@ METHOD_PACKAGES: dict[str, tuple[str, ...]] = {
     "torchao": ("torchao",),
     "bitsandbytes": ("bitsandbytes",),
 }
+# The versions transformers' quantizers check for, named in the refusal when a package is missing
+PACKAGE_REQUIREMENTS = {"gptqmodel": "gptqmodel>=1.4.3", "optimum": "optimum>=1.24.0"}
 # torchao configs whose kernels exist on CUDA only: Int4WeightOnlyConfig's packings are tinygemm's and fbgemm's
 TORCHAO_CUDA_ONLY_CONFIGS = ("Int4WeightOnlyConfig",)
 
@@ -145,8 +147,10 @@ def check_runnable(method: str, device: torch.device, scheme: str = "") -> None:
         raise UnsupportedQuantizationError(f"the quantization method {method!r} is not one the worker loads ({known})")
     missing = [package for package in METHOD_PACKAGES[method] if importlib.util.find_spec(package) is None]
     if missing:
+        wanted = ", ".join(PACKAGE_REQUIREMENTS.get(package, package) for package in missing)
         raise UnsupportedQuantizationError(
-            f"{method} checkpoints load through the package(s) {', '.join(missing)}, which are not installed here"
+            f"{method} checkpoints load through transformers' {method} quantizer, which needs {wanted}; not "
+            "installed here"
         )
     if method == "torchao" and scheme in TORCHAO_CUDA_ONLY_CONFIGS and device.type != "cuda":
         raise UnsupportedQuantizationError(

@@ -7,6 +7,7 @@ import logging
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from worker.engine.loading.int8_linears import run_int8_linears_on_kernel
 from worker.engine.loading.quantization import Quantization, check_loaded_model_runnable, resolve_quantization
 
 logger = logging.getLogger(__name__)
@@ -39,5 +40,7 @@ def load_target_weights(
     )
     model.eval()
     check_loaded_model_runnable(model, device)
+    if device.type == "cpu":
+        run_int8_linears_on_kernel(model)
     logger.info("weights quantized with %s", quantization.name)
     return model, quantization

@@ -45,8 +45,12 @@ def test_the_checkpoint_or_quantization_decides(requested: str, checkpoint: dict
 @pytest.mark.parametrize(
     ("requested", "checkpoint", "message"),
     [
-        pytest.param("auto", {"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptqmodel", marks=NO_GPTQMODEL),
-        pytest.param("auto", {"quant_method": "awq", "bits": 4, "group_size": 128}, "gptqmodel", marks=NO_GPTQMODEL),
+        pytest.param(
+            "auto", {"quant_method": "gptq", "bits": 4, "group_size": 128}, r"gptqmodel>=1\.4\.3", marks=NO_GPTQMODEL
+        ),
+        pytest.param(
+            "auto", {"quant_method": "awq", "bits": 4, "group_size": 128}, "needs gptqmodel", marks=NO_GPTQMODEL
+        ),
         ("auto", {"quant_method": "torchao", "quant_type": {"default": {"_type": "Int4WeightOnlyConfig"}}}, "CUDA"),
         ("auto", {"quant_method": "hqq"}, "'hqq' is not one the worker loads"),
         ("gptq", None, "float weights"),
