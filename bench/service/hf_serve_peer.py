@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 READY_TIMEOUT_S = 300.0  # loading the model and starting uvicorn on a busy 2-core machine
 STOP_TIMEOUT_S = 20.0  # its shutdown waits for the continuous-batching thread
 SERVING_MODULES = ("fastapi", "uvicorn", "starlette", "openai")
+KV_BLOCK_TOKENS = 32
 
 
 def peer_missing() -> str | None:
@@ -60,9 +61,12 @@ class PeerServer:
 
 
 @contextmanager
-def running_peer(model: str, threads: int) -> Iterator[PeerServer]:
-    """`transformers serve --continuous-batching` on `model` (preloaded), on CPU, until the block ends."""
+def running_peer(model: str, threads: int, max_batch_tokens: int, kv_tokens: int) -> Iterator[PeerServer]:
+    """`transformers serve --continuous-batching` on `model` (preloaded), on CPU, until the block ends, with the
+    engine's token budget per step and a KV cache for twice `kv_tokens` (left to itself on CPU, it sizes the cache from
+    the machine's free memory: 14 GB for the tiny model, and the kernel's OOM killer ended it)."""
     port = free_port()
+    num_blocks = 2 * -(-kv_tokens // KV_BLOCK_TOKENS) + 16
     log_path = Path(tempfile.mkdtemp(prefix="steerbatch-bench-peer-")) / "transformers-serve.log"
     # the console script's own entry point, so that the peer runs in this interpreter's environment
     command = [
@@ -71,6 +75,12 @@ def running_peer(model: str, threads: int) -> Iterator[PeerServer]:
         "from transformers.cli.transformers import main; main()",
         "serve",
         "--continuous-batching",
+        "--cb-block-size",
+        str(KV_BLOCK_TOKENS),
+        "--cb-num-blocks",
+        str(num_blocks),
+        "--cb-max-batch-tokens",
+        str(max_batch_tokens),
         "--device",
         "cpu",
         "--host",

@@ -277,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     with running_stack(config) as stack, ExitStack() as peer_scope:
         peer = None
         if peer_skipped is None:
-            server = peer_scope.enter_context(hf_serve_peer.running_peer(config.model, config.cpu_threads))
+            kv_tokens = sum(len(r.prompt_token_ids) + r.num_output_tokens for r in requests)
+            server = peer_scope.enter_context(
+                hf_serve_peer.running_peer(config.model, config.cpu_threads, config.max_num_batched_tokens, kv_tokens)
+            )
             peer = hf_serve_peer.PeerStreamClient(server, requests)
         engine, service, peer_rounds = interleaved_rounds(config, stack, requests, args.rounds, peer)
     report = f"{table(engine, service, peer_rounds)}\n\nmachine: {cpu_description()}, load average {os.getloadavg()}"
