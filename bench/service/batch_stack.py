@@ -37,12 +37,12 @@ def bench_config(model: str, database_url: str | None = None, **overrides: objec
         redis_prefix=f"bench-{run}:",
         interactive_queue=f"bench-{run}-interactive",
         bulk_queue=f"bench-{run}-bulk",
-        port=_free_port(),
+        port=free_port(),
         **overrides,  # type: ignore[arg-type]
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -8,10 +8,12 @@ Celery worker's threads cost on top of the engine, for N clients streaming at on
 Each round sends the same N prompts at t=0: in process to `ContinuousEngine` (the baseline, as
 bench.engine_throughput's (iv) feeds it), then as streamed `/v1/completions` through a stack of real processes
 (gunicorn, a Celery worker, Redis, SQLite or --database-url) with a lean asyncio client
-(`bench/service/sse_client.py`), engine and service rounds alternating. Greedy, EOS ignored, so every request yields
-exactly its output length; tokens are counted from usage and token ids, not text, so a random-init model
-(--random-config 135m) runs too. Prints
-per-round output tokens/s, TTFT p50, the client's own CPU time, and service / engine per round.
+(`bench/service/sse_client.py`), and as the same streams to HF `transformers serve --continuous-batching` on the same
+model folder with the same torch threads (the peer, `bench/service/hf_serve_peer.py`; skipped with one line where it is
+not installed, or with --no-peer), engine, service and peer rounds alternating. Greedy, EOS ignored, so every request
+yields exactly its output length; tokens are counted from usage and token ids, not text, so a random-init model
+(--random-config 135m) runs too. Prints per-round output tokens/s, TTFT p50, the client's own CPU time, service /
+engine and service / peer per round.
 
 With --concurrency-levels the service is measured under load instead, with no in-process baseline: one stack with
 the environment's settings (MAX_NUM_SEQS, WORKER_CONCURRENCY, API_CONNECTIONS), and for each level, rounds of that many
@@ -29,6 +31,7 @@ import os
 import shlex
 import statistics
 import sys
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,6 +41,7 @@ from bench.engine_throughput import cpu_description
 from bench.engines.steerbatch_engine import SteerbatchEngine
 from bench.metrics import percentile, summarize
 from bench.random_model import SIZES, random_model_dir
+from bench.service import hf_serve_peer
 from bench.service.batch_stack import bench_config, random_prompts, running_stack
 from bench.service.process_cpu import stack_cpu_seconds
 from bench.service.sse_client import RoundTiming, StreamClient
@@ -61,6 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine, in both runs")
     parser.add_argument("--database-url", help="an empty database (default: a fresh SQLite file)")
+    parser.add_argument("--no-peer", action="store_true", help="leave out HF `transformers serve`")
     parser.add_argument(
         "--concurrency-levels",
         type=levels_arg,
@@ -120,16 +125,19 @@ class LoadRound:
 
 
 def interleaved_rounds(
-    config: Config, stack: Stack, requests: list[BenchRequest], rounds: int
-) -> tuple[list[Measured], list[Measured]]:
-    """(engine rounds, service rounds), alternating one of each, so that a machine shared with other work loads both
-    alike: the engine fed in this process, then the same requests streamed through the stack at once."""
+    config: Config, stack: Stack, requests: list[BenchRequest], rounds: int, peer: StreamClient | None = None
+) -> tuple[list[Measured], list[Measured], list[Measured]]:
+    """(engine rounds, service rounds, peer rounds), alternating one of each, so that a machine shared with other work
+    loads all alike: the engine fed in this process, then the same requests streamed through the stack at once, then
+    to the peer server (no peer rounds without one)."""
     engine = SteerbatchEngine(ModelRunner(config), config)
     client = StreamClient(stack.base_url, stack.api_key, config.model_name)
-    engine_results, service_results = [], []
+    engine_results, service_results, peer_results = [], [], []
     try:
         engine.run("warm-up", requests[:2])
         client.run_round(requests[:1])
+        if peer is not None:
+            peer.run_round(requests[:1])
         for i in range(rounds):
             summary = summarize(engine.run(f"round {i}", requests), None)
             engine_results.append(Measured(summary.tokens_per_s, summary.ttft_p50_ms, 0.0))
@@ -137,10 +145,16 @@ def interleaved_rounds(
             timing = client.run_round(requests)
             cpu_s = {name: seconds - cpu_before[name] for name, seconds in stack_cpu_seconds(stack).items()}
             service_results.append(Measured.of(timing, cpu_s))
-            logger.info("round %d: engine %s, service %s", i, engine_results[-1], service_results[-1])
+            if peer is not None:
+                peer_results.append(Measured.of(peer.run_round(requests), {}))
+            logger.info(
+                "round %d: engine %s, service %s, peer %s",
+                i,
+                *(r[-1:] for r in (engine_results, service_results, peer_results)),
+            )
     finally:
         engine.close()
-    return engine_results, service_results
+    return engine_results, service_results, peer_results
 
 
 def load_rounds(stack: Stack, args: argparse.Namespace) -> dict[int, list[LoadRound]]:
@@ -167,12 +181,13 @@ def load_rounds(stack: Stack, args: argparse.Namespace) -> dict[int, list[LoadRo
     return results
 
 
-def table(engine: list[Measured], service: list[Measured]) -> str:
+def table(engine: list[Measured], service: list[Measured], peer: list[Measured]) -> str:
     lines = [
         "| | output tok/s per round | median | TTFT p50 ms per round | median | client CPU s per round |",
         "|---|---|---:|---|---:|---|",
     ]
-    for label, rounds in (("engine in process", engine), ("through the service", service)):
+    sides = [("engine in process", engine), ("through the service", service)]
+    for label, rounds in [*sides, *([(PEER_LABEL, peer)] if peer else [])]:
         rates = ", ".join(f"{r.tokens_per_s:.0f}" for r in rounds)
         ttfts = ", ".join(f"{r.ttft_p50_ms:.1f}" for r in rounds)
         cpu = ", ".join(f"{r.client_cpu_s:.2f}" for r in rounds) if label != "engine in process" else "—"
@@ -190,7 +205,22 @@ def table(engine: list[Measured], service: list[Measured]) -> str:
         f"(median {statistics.median(ratios):.2f}x); service - engine TTFT p50 per round: "
         f"{', '.join(f'{g:.1f}' for g in gaps)} ms (median {statistics.median(gaps):.1f} ms)"
     )
+    if peer:
+        lines.append(peer_ratios(service, peer))
     return "\n".join(lines)
+
+
+PEER_LABEL = "HF transformers serve (peer)"
+
+
+def peer_ratios(service: list[Measured], peer: list[Measured]) -> str:
+    ratios = [s.tokens_per_s / p.tokens_per_s for s, p in zip(service, peer, strict=True)]
+    ttft = [s.ttft_p50_ms / p.ttft_p50_ms for s, p in zip(service, peer, strict=True)]
+    return (
+        f"service / peer output tok/s, per round: {', '.join(f'{r:.2f}' for r in ratios)} "
+        f"(median {statistics.median(ratios):.2f}x); service / peer TTFT p50 per round: "
+        f"{', '.join(f'{r:.2f}' for r in ttft)} (median {statistics.median(ttft):.2f}x)"
+    )
 
 
 def load_table(results: dict[int, list[LoadRound]]) -> str:
@@ -243,9 +273,19 @@ def main(argv: list[str] | None = None) -> int:
     config = bench_config(args.model, args.database_url, max_num_seqs=args.num_requests, cpu_threads=args.threads)
     spec = WorkloadSpec(args.num_requests, tuple(args.prompt_len), (args.output_len, args.output_len), seed=0)
     requests = random_prompts(config, spec)
-    with running_stack(config) as stack:
-        engine, service = interleaved_rounds(config, stack, requests, args.rounds)
-    report = f"{table(engine, service)}\n\nmachine: {cpu_description()}, load average {os.getloadavg()}"
+    peer_skipped = "left out (--no-peer)" if args.no_peer else hf_serve_peer.peer_missing()
+    with running_stack(config) as stack, ExitStack() as peer_scope:
+        peer = None
+        if peer_skipped is None:
+            kv_tokens = sum(len(r.prompt_token_ids) + r.num_output_tokens for r in requests)
+            server = peer_scope.enter_context(
+                hf_serve_peer.running_peer(config.model, config.cpu_threads, config.max_num_batched_tokens, kv_tokens)
+            )
+            peer = hf_serve_peer.PeerStreamClient(server, requests)
+        engine, service, peer_rounds = interleaved_rounds(config, stack, requests, args.rounds, peer)
+    report = f"{table(engine, service, peer_rounds)}\n\nmachine: {cpu_description()}, load average {os.getloadavg()}"
+    if peer_skipped is not None:
+        report += f"\npeer (HF transformers serve): skipped, {peer_skipped}"
     print(report)
     if args.out is not None:
         args.out.write_text(report + "\n")

@@ -56,7 +56,19 @@ class StreamClient:
             return RoundTiming(time.perf_counter() - start, time.process_time() - cpu_start, list(streams))
 
     async def _stream(self, client: httpx.AsyncClient, request: BenchRequest, start: float) -> StreamTiming:
-        body = {
+        body = self.request_body(request)
+        for attempt in range(ADMISSION_RETRIES + 1):
+            async with client.stream("POST", self._url, json=body, headers=self._headers) as response:
+                if response.status_code == 429 and attempt < ADMISSION_RETRIES:
+                    await asyncio.sleep(_retry_after_s(response.headers))
+                    continue
+                response.raise_for_status()
+                return await self.read_stream(response, request, start)
+        raise AssertionError("the last attempt returns or raises")
+
+    def request_body(self, request: BenchRequest) -> dict:
+        """The streamed completion as this service takes it (a peer server's client overrides this and read_stream)."""
+        return {
             "model": self._model,
             "prompt": request.prompt_token_ids,
             "max_tokens": request.num_output_tokens,
@@ -66,14 +78,9 @@ class StreamClient:
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
         }
-        for attempt in range(ADMISSION_RETRIES + 1):
-            async with client.stream("POST", self._url, json=body, headers=self._headers) as response:
-                if response.status_code == 429 and attempt < ADMISSION_RETRIES:
-                    await asyncio.sleep(_retry_after_s(response.headers))
-                    continue
-                response.raise_for_status()
-                return await _read(response, request, start)
-        raise AssertionError("the last attempt returns or raises")
+
+    async def read_stream(self, response: httpx.Response, request: BenchRequest, start: float) -> StreamTiming:
+        return await _read(response, request, start)
 
 
 def _retry_after_s(headers: httpx.Headers) -> float:

@@ -13,7 +13,7 @@ from bench.service.service_streams import main
 def test_a_small_run_measures_the_engine_and_the_service(tiny_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
     argv = ["--model", str(tiny_model_dir), "--num-requests", "2", "--prompt-len", "4", "8", "--output-len", "4"]
 
-    assert main([*argv, "--rounds", "1"]) == 0
+    assert main([*argv, "--rounds", "1", "--no-peer"]) == 0
 
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines() if line.startswith("| ")}
@@ -22,6 +22,7 @@ def test_a_small_run_measures_the_engine_and_the_service(tiny_model_dir: Path, c
         assert float(rate) == float(median_rate) > 0 and float(ttft) == float(median_ttft) > 0
     assert float(rows["through the service"][4]) > 0, "the client's own CPU time"
     assert "service / engine output tok/s, per round:" in out
+    assert "peer (HF transformers serve): skipped, left out (--no-peer)" in out, "one line says the peer is left out"
 
 
 def test_concurrency_levels_measure_ttft_at_each_level_through_one_stack(
