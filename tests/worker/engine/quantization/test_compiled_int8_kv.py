@@ -13,6 +13,7 @@ from tests.worker.engine.test_compiled_forward import CountingCalls
 from tests.worker.engine_harness import load_runner
 
 
+@pytest.mark.slow  # inductor compiles the whole model again for the int8 pool: 80 s alone on an idle 2-core machine
 @pytest.mark.timeout(1200)  # inductor's compile at load: over 300 s on the 2-core machine at a load average of 8
 def test_int8_kv_under_torch_compile_serves_what_eager_int8_kv_does(
     tiny_config: Config, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
