@@ -34,14 +34,46 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# The modules that take longest (each over 30 s on an idle 2-core machine), longest first. `make test` runs two
+# processes handing out a module at a time in collection order: started first, these no longer leave one process
+# working alone at the end while the other is idle.
+LONGEST_MODULES = (
+    "tests/worker/engine/attention/test_engine_attention_variants.py",
+    "tests/scripts/test_gpu_check.py",
+    "tests/worker/engine/families/test_family_greedy.py",
+    "tests/service/openapi/test_openapi_fuzz.py",
+    "tests/worker/engine/test_compiled_forward.py",
+    "tests/worker/kernels/test_triton_compile.py",
+    "tests/worker/engine/graphs/test_decode_graphs.py",
+    "tests/faults/test_supervision.py",
+    "tests/service/batches/test_batch_worker_death.py",
+    "tests/faults/test_stream_api_restart.py",
+    "tests/faults/test_redis_restart.py",
+    "tests/faults/test_rate_limit_retries.py",
+    "tests/service/test_multi_model.py",
+    "tests/worker/engine/quantization/test_kv_cache_dtype.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The running `stack` is on SQLite, and on PostgreSQL too only for tests marked `postgres`: those where the
-    database matters. The store's own tests run on both databases (tests/tasks)."""
+    database matters. The store's own tests run on both databases (tests/tasks). The longest modules go first."""
     dropped = [item for item in items if _is_postgres_stack_run(item) and not item.get_closest_marker("postgres")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         kept = set(items) - set(dropped)
         items[:] = [item for item in items if item in kept]
+    rank = {module: position for position, module in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep order
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A module may name which of its parametrized cases are long with `is_slow_case(params)`: those get the `slow`
+    marker (deselected by default, run by `pytest -m slow`)."""
+    is_slow_case = getattr(getattr(item, "module", None), "is_slow_case", None)
+    callspec = getattr(item, "callspec", None)
+    if is_slow_case is not None and callspec is not None and is_slow_case(callspec.params):
+        item.add_marker(pytest.mark.slow)
 
 
 def _is_postgres_stack_run(item: pytest.Item) -> bool:
