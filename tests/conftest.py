@@ -196,20 +196,36 @@ def make_test_config(model_dir: Path, redis_url: str, database_url: str, **overr
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])
-def stack(
-    request: pytest.FixtureRequest, tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
+def stack(request: pytest.FixtureRequest) -> Stack:
     """Real processes: a Celery worker holding the tiny model and the api under gunicorn, on SQLite (and PostgreSQL for
-    tests marked `postgres`), with auth on: `api_key` is an admin key of tenant "default" made in its database first."""
+    tests marked `postgres`), with auth on: `api_key` is an admin key of tenant "default" made in its database first.
+
+    Each database's stack is a session fixture of its own, so both stay up while tests alternate between them (a
+    parametrized session fixture holds one instance at a time: modules that each ask for both, handed out a module
+    at a time to `make test`'s processes, restarted a stack at every switch)."""
+    return request.getfixturevalue(f"{request.param}_stack")
+
+
+@pytest.fixture(scope="session")
+def sqlite_stack(tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from _running_stack(f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'steerbatch.db'}", "sqlite",
+                              tiny_model_dir, redis_url, tmp_path_factory)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def postgresql_stack(
+    postgres_url: str, tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    yield from _running_stack(postgres_url, "postgresql", tiny_model_dir, redis_url, tmp_path_factory)
+
+
+def _running_stack(
+    database_url: str, name: str, tiny_model_dir: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     from scripts.stack import Stack, launcher_key  # imports redis, which the GPU check's machine lacks
 
-    if request.param == "postgresql":
-        database_url = request.getfixturevalue("postgres_url")
-    else:
-        database_url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'steerbatch.db'}"
-    config = make_test_config(tiny_model_dir, redis_url, database_url)
-    log_dir = tmp_path_factory.mktemp(f"logs-{request.param}")
-    running = Stack(config, log_dir=log_dir, api_key=launcher_key(config, "test-admin"))
+    config = make_test_config(tiny_model_dir, redis_url, database_url)  # its own queues and key prefix
+    running = Stack(config, log_dir=tmp_path_factory.mktemp(f"logs-{name}"), api_key=launcher_key(config, "test-admin"))
     running.start()
     yield running
     running.stop()
