@@ -16,7 +16,6 @@ import argparse
 import logging
 import shlex
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from bench.engine_throughput import machine_description, special_token_ids
+from bench.markdown_main import run_markdown_bench
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import REPO_ROOT, Config
 from tasks.messages.generation import SamplingParams
@@ -161,14 +161,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    markdown = run_benchmark(args, argv)
-    sys.stdout.write(markdown + "\n")
-    if args.out is not None:
-        args.out.write_text(markdown + "\n")
-    return 0
+    return run_markdown_bench(parse_args, run_benchmark, argv)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import json
 import logging
 import shlex
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from bench.engine_throughput import machine_description, special_token_ids
+from bench.markdown_main import run_markdown_bench
 from bench.random_model import SIZES, random_model_dir
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 from tasks.config import Config
@@ -295,14 +295,7 @@ def throughput_runs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    markdown = run_benchmark(args, argv)
-    sys.stdout.write(markdown + "\n")
-    if args.out is not None:
-        args.out.write_text(markdown + "\n")
-    return 0
+    return run_markdown_bench(parse_args, run_benchmark, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import logging
 import resource
 import shlex
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from bench.features.structured import (
     record_schema,
     workload_description,
 )
+from bench.markdown_main import run_markdown_bench
 from bench.random_model import SIZES
 from bench.workload import BenchRequest
 from tasks.messages.generation import SamplingParams
@@ -207,14 +207,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    markdown = run_benchmark(args, argv)
-    sys.stdout.write(markdown + "\n")
-    if args.out is not None:
-        args.out.write_text(markdown + "\n")
-    return 0
+    return run_markdown_bench(parse_args, run_benchmark, argv)
 
 
 if __name__ == "__main__":
