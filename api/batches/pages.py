@@ -22,3 +22,19 @@ def page_limit(default: int, maximum: int) -> int:
 def cursor_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
     first_id, last_id = (data[0]["id"], data[-1]["id"]) if data else (None, None)
     return {"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more}
+
+
+def ordered_item_page(items: list[dict[str, Any]], limit: int, item_name: str) -> dict[str, Any]:
+    """A list of items kept oldest first, paged as OpenAI pages items: `?order=` (desc, newest first, by default) and
+    `?after=` (an item id; an unknown one is a 404 naming it as `item_name`)."""
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise APIError(400, "order must be asc or desc.", param="order")
+    ordered = list(reversed(items)) if order == "desc" else list(items)
+    after = request.args.get("after")
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise APIError(404, f"{item_name} with id '{after}' not found.", param="after", code="not_found")
+        ordered = ordered[ids.index(after) + 1 :]
+    return cursor_page(ordered[:limit], has_more=len(ordered) > limit)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 import uuid
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, jsonify
 
-from api.batches.pages import cursor_page, page_limit
+from api.batches.pages import cursor_page, ordered_item_page, page_limit
 from api.conversations.schemas import (
     ConversationCreateRequest,
     ConversationUpdateRequest,
@@ -77,19 +77,8 @@ def list_items(conversation_id: str) -> Response:
     """`limit`, `order` (desc, newest first, by default), `after` (an item id), `include`."""
     check_include()
     limit = page_limit(DEFAULT_ITEMS_LIMIT, MAX_ITEMS_LIMIT)
-    order = request.args.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise APIError(400, "order must be asc or desc.", param="order")
     items = conversation_items(db_session(), _find(conversation_id).id, services().config.tool_call_parser)
-    if order == "desc":
-        items.reverse()
-    after = request.args.get("after")
-    if after is not None:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise APIError(404, f"Item with id '{after}' not found.", param="after", code="not_found")
-        items = items[ids.index(after) + 1 :]
-    return jsonify(cursor_page(items[:limit], has_more=len(items) > limit))
+    return jsonify(ordered_item_page(items, limit, "Item"))
 
 
 @bp.post("/v1/conversations/<conversation_id>/items")

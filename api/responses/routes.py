@@ -12,7 +12,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy.orm import Session
 
-from api.batches.pages import cursor_page, page_limit
+from api.batches.pages import ordered_item_page, page_limit
 from api.chat.generation import (
     cancel_generation,
     record_and_enqueue,
@@ -92,18 +92,7 @@ def list_input_items(response_id: str) -> Response:
     """OpenAI's list of a response's input items: `limit`, `order` (desc, newest first, by default), `after`."""
     items = input_item_objects(_find(response_id))
     limit = page_limit(DEFAULT_INPUT_ITEMS_LIMIT, MAX_INPUT_ITEMS_LIMIT)
-    order = request.args.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise APIError(400, "order must be asc or desc.", param="order")
-    if order == "desc":
-        items.reverse()
-    after = request.args.get("after")
-    if after is not None:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise APIError(404, f"Input item with id '{after}' not found.", param="after", code="not_found")
-        items = items[ids.index(after) + 1 :]
-    return jsonify(cursor_page(items[:limit], has_more=len(items) > limit))
+    return jsonify(ordered_item_page(items, limit, "Input item"))
 
 
 @bp.post("/v1/responses/<response_id>/cancel")
