@@ -99,15 +99,7 @@ def test_c_kernel_attends_over_codes_as_over_their_values(
     kernel: CpuDecodeKernel, kv_dtype: KVCacheDtype, num_heads: int, num_kv_heads: int, head_dim: int
 ) -> None:
     torch.manual_seed(num_heads + head_dim)
-    pool, tables = filled_pool(kv_dtype, num_kv_heads, head_dim, kernel)
-    queries = torch.randn(len(LENS), num_heads, head_dim)
-    variant = LayerVariant(head_dim**-0.5)
-    k_cache, v_cache = pool.layer(0)
-    out = kernel.attention(
-        queries, k_cache, v_cache, tables, torch.tensor(LENS), max(LENS), variant, pool.kernel_codes[0]
-    )
-    for row, expected in enumerate(expected_decode(pool, queries, tables, variant)):
-        torch.testing.assert_close(out[row : row + 1], expected, **TOLERANCE)
+    check_kernel_over_codes(kernel, kv_dtype, (num_heads, num_kv_heads, head_dim), LayerVariant(head_dim**-0.5))
 
 
 @pytest.mark.parametrize("kv_dtype", CODED)
@@ -116,9 +108,16 @@ def test_c_kernel_applies_the_layer_variant_over_codes(
     kernel: CpuDecodeKernel, kv_dtype: KVCacheDtype, window: int | None, softcap: float | None, has_sinks: bool
 ) -> None:
     torch.manual_seed(3)
-    pool, tables = filled_pool(kv_dtype, 2, 32, kernel)
-    queries = torch.randn(len(LENS), 4, 32)
-    variant = layer_variant(32**-0.5, 4, window, softcap, has_sinks)
+    check_kernel_over_codes(kernel, kv_dtype, (4, 2, 32), layer_variant(32**-0.5, 4, window, softcap, has_sinks))
+
+
+def check_kernel_over_codes(
+    kernel: CpuDecodeKernel, kv_dtype: KVCacheDtype, heads: tuple[int, int, int], variant: LayerVariant
+) -> None:
+    """The C kernel's decode attention over a coded pool equals the reference over the values the codes stand for."""
+    num_heads, num_kv_heads, head_dim = heads
+    pool, tables = filled_pool(kv_dtype, num_kv_heads, head_dim, kernel)
+    queries = torch.randn(len(LENS), num_heads, head_dim)
     k_cache, v_cache = pool.layer(0)
     out = kernel.attention(
         queries, k_cache, v_cache, tables, torch.tensor(LENS), max(LENS), variant, pool.kernel_codes[0]
