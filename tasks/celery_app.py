@@ -29,8 +29,12 @@ def create_celery(config: Config) -> Celery:
         worker_pool="threads",
         worker_concurrency=config.worker_concurrency,
         task_default_queue=config.interactive_queue_of(config.model_name),
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # No task events unless someone watches: each is a PUBLISH in line before a request's first token (the api's
+        # "sent" after its enqueue, the worker's "received" and "started" before the task runs). Flower turns the
+        # workers' events on itself while it runs (its `enable_events`, on by default); it shows a task from when a
+        # worker receives it.
+        worker_send_task_events=False,
+        task_send_sent_event=False,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=3,
         # "priority": a worker polls its queues in the order given (interactive first) instead of round robin.
