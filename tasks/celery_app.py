@@ -52,13 +52,20 @@ def create_celery(config: Config) -> Celery:
 
 def enqueue_generate(app: Celery, config: Config, request: GenerateRequest) -> None:
     """On the interactive queue of the request's model, which only that model's workers consume."""
-    app.send_task(GENERATE_TASK, args=[request.to_dict()], queue=config.interactive_queue_of(request.model))
+    _send(app, GENERATE_TASK, request.to_dict(), config.interactive_queue_of(request.model), request.request_id)
 
 
 def enqueue_embed(app: Celery, config: Config, request: EmbedRequest) -> None:
     """On the interactive queue of the request's model, like a chat request: the worker holding the model embeds."""
-    app.send_task(EMBED_TASK, args=[request.to_dict()], queue=config.interactive_queue_of(request.model))
+    _send(app, EMBED_TASK, request.to_dict(), config.interactive_queue_of(request.model), request.request_id)
 
 
 def enqueue_chunk(app: Celery, config: Config, chunk: ChunkTask) -> None:
     app.send_task(BATCH_CHUNK_TASK, args=[chunk.to_dict()], queue=config.bulk_queue_of(chunk.model))
+
+
+def _send(app: Celery, task: str, payload: dict, queue: str, request_id: str) -> None:
+    """The task with a request as its one argument, shown as the request's id (what Flower lists as its args): left
+    to itself, Celery builds that text with `saferepr` over the whole request, a prompt's every token id included,
+    which cost the api more CPU than the publish."""
+    app.send_task(task, args=[payload], queue=queue, argsrepr=repr([request_id]), kwargsrepr="{}")
