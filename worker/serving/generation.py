@@ -23,7 +23,6 @@ from tasks.messages.generation import (
 from tasks.messages.steering import SteeringSource, SteeringSpec
 from tasks.steering_store import profile_keys, steering_of_profiles
 from tasks.store.finish import RESULT_NOT_RECORDED, finish_request
-from tasks.streams.events import append_event
 from tasks.streams.redis_keys import RedisKeys
 from worker.serving.cancel_watcher import CancelWatcher
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
@@ -116,7 +115,6 @@ class GenerationHandler(TaskRunner):
         if start.is_cancelled:
             return Outcome.ended(FinishReason.ABORT)
         assert start.followed is not None, "_start submits, fails or finds the request cancelled"
-        self._emit(request.request_id, StreamEvent(EventType.START))
         return self._run(start.followed)
 
     def _run(self, followed: FollowedRequest) -> Outcome:
@@ -127,7 +125,7 @@ class GenerationHandler(TaskRunner):
 
         try:
             self.cancels.watch(request.request_id, on_cancel)
-            self.outputs.follow(followed)
+            self.outputs.follow(followed, opening=StreamEvent(EventType.START))
             error = self._wait(followed)
         finally:
             self.cancels.forget(request.request_id, on_cancel)
@@ -171,9 +169,6 @@ class GenerationHandler(TaskRunner):
         if followed.failure is not None:
             raise followed.failure
         return followed.error
-
-    def _emit(self, request_id: str, event: StreamEvent) -> None:
-        append_event(self.redis, self.config, request_id, event)
 
     def _record(self, request: GenerateRequest, outcome: Outcome) -> bool:
         with self.sessions() as session:
