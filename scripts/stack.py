@@ -169,7 +169,7 @@ def _worker_command(config: Config) -> list[str]:
     nice = ["nice", "-n", str(config.worker_nice)] if config.worker_nice else []
     return [
         *nice, sys.executable, "-m", "celery", "-A", "worker.app", "worker",
-        "--prefetch-multiplier", "1", "--task-events", "--without-gossip", "--without-mingle",
+        "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle",
         "--hostname", f"steerbatch-{uuid.uuid4().hex[:8]}@%h", "--loglevel", config.log_level,
     ]  # fmt: skip
 

@@ -29,8 +29,12 @@ def create_celery(config: Config) -> Celery:
         worker_pool="threads",
         worker_concurrency=config.worker_concurrency,
         task_default_queue=config.interactive_queue_of(config.model_name),
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # No task events unless someone watches: each is a PUBLISH in line before a request's first token (the api's
+        # "sent" after its enqueue, the worker's "received" and "started" before the task runs). Flower turns the
+        # workers' events on itself while it runs (its `enable_events`, on by default); it shows a task from when a
+        # worker receives it.
+        worker_send_task_events=False,
+        task_send_sent_event=False,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=3,
         # "priority": a worker polls its queues in the order given (interactive first) instead of round robin.
@@ -48,13 +52,20 @@ def create_celery(config: Config) -> Celery:
 
 def enqueue_generate(app: Celery, config: Config, request: GenerateRequest) -> None:
     """On the interactive queue of the request's model, which only that model's workers consume."""
-    app.send_task(GENERATE_TASK, args=[request.to_dict()], queue=config.interactive_queue_of(request.model))
+    _send(app, GENERATE_TASK, request.to_dict(), config.interactive_queue_of(request.model), request.request_id)
 
 
 def enqueue_embed(app: Celery, config: Config, request: EmbedRequest) -> None:
     """On the interactive queue of the request's model, like a chat request: the worker holding the model embeds."""
-    app.send_task(EMBED_TASK, args=[request.to_dict()], queue=config.interactive_queue_of(request.model))
+    _send(app, EMBED_TASK, request.to_dict(), config.interactive_queue_of(request.model), request.request_id)
 
 
 def enqueue_chunk(app: Celery, config: Config, chunk: ChunkTask) -> None:
     app.send_task(BATCH_CHUNK_TASK, args=[chunk.to_dict()], queue=config.bulk_queue_of(chunk.model))
+
+
+def _send(app: Celery, task: str, payload: dict, queue: str, request_id: str) -> None:
+    """The task with a request as its one argument, shown as the request's id (what Flower lists as its args): left
+    to itself, Celery builds that text with `saferepr` over the whole request, a prompt's every token id included,
+    which cost the api more CPU than the publish."""
+    app.send_task(task, args=[payload], queue=queue, argsrepr=repr([request_id]), kwargsrepr="{}")

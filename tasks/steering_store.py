@@ -63,7 +63,17 @@ def read_profile(client: redis.Redis, config: Config, tenant: str | None = None)
 def default_steering(client: redis.Redis, config: Config, tenant: str) -> tuple[SteeringSpec | None, SteeringSource]:
     """The steering of a request that names none: its tenant's profile if the tenant set one, else the worker-wide
     profile (None when neither exists). One round trip; read when the request runs, so a PUT applies at once."""
-    own, worker_wide = client.mget(_profile_key(config, tenant), _profile_key(config))
+    return steering_of_profiles(*client.mget(profile_keys(config, tenant)))
+
+
+def profile_keys(config: Config, tenant: str) -> tuple[str, str]:
+    """The keys of `tenant`'s own profile and of the worker-wide one, for a caller that reads them together with
+    keys of its own (`steering_of_profiles` turns their values into the steering)."""
+    return _profile_key(config, tenant), _profile_key(config)
+
+
+def steering_of_profiles(own: bytes | None, worker_wide: bytes | None) -> tuple[SteeringSpec | None, SteeringSource]:
+    """`default_steering` from the two profiles' stored values."""
     if own is not None:
         return SteeringSpec.from_dict(json.loads(own)), SteeringSource.TENANT_PROFILE
     return (None if worker_wide is None else SteeringSpec.from_dict(json.loads(worker_wide))), SteeringSource.PROFILE

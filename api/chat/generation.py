@@ -122,8 +122,8 @@ def admit_and_enqueue(record: RequestRecord, num_tokens: int, enqueue: Callable[
     """Admits a request of `num_tokens` (429 otherwise), writes its row, then `enqueue`s its task; a task that could
     not be queued leaves the row ended with an error."""
     svc = services()
-    svc.redis.ping()  # Redis down: 503 before anything is written
     session = db_session()
+    # Redis down: admission's first step, the live-worker count, fails with a 503 before anything is written
     admit(session, svc.redis, svc.config, record.model, current_principal().key_name, num_tokens)
     create_request(session, record)
     logger.info("request %s from key %s (tenant %s)", record.id, current_principal().key_name, record.tenant)

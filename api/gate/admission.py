@@ -5,6 +5,7 @@ before anything is recorded; an admitted request carries the key's x-ratelimit-*
 from __future__ import annotations
 
 import math
+import time
 
 import redis
 from flask import g
@@ -16,7 +17,7 @@ from api.observability.api_metrics import count_rejection
 from tasks.config import Config
 from tasks.rate_limits import Budget, RateDecision, charge
 from tasks.store.models import RequestRecord, RequestStatus
-from tasks.streams.worker_leases import num_live_workers
+from tasks.streams.redis_keys import RedisKeys
 
 NO_WORKER_RETRY_AFTER_S = 5  # a supervisor restarts a dead worker within seconds; loading a model takes longer
 QUEUE_FULL_RETRY_AFTER_S = 1
@@ -33,7 +34,8 @@ def admit(session: Session, client: redis.Redis, config: Config, model: str, key
 
 
 def _admit(session: Session, client: redis.Redis, config: Config, model: str, key_name: str, num_tokens: int) -> None:
-    if num_live_workers(client, config, model) == 0:
+    num_workers, num_queued = _workers_and_queue(client, config, model)
+    if num_workers == 0:
         raise APIError(
             503,
             f"No worker serving {model} is running; retry shortly.",
@@ -41,7 +43,7 @@ def _admit(session: Session, client: redis.Redis, config: Config, model: str, ke
             code="no_worker_available",
             headers={"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
         )
-    _check_queue_room(session, config, model)
+    _check_queue_room(session, config, model, num_queued)
     decision = charge(client, config, key_name, num_tokens)
     headers = rate_limit_headers(decision)
     if not decision.is_allowed:
@@ -58,25 +60,40 @@ def _admit(session: Session, client: redis.Redis, config: Config, model: str, ke
     g.rate_limit_headers = headers
 
 
-def _check_queue_room(session: Session, config: Config, model: str) -> None:
-    if not config.max_queued_requests and not config.max_queued_tokens:
-        return
-    queued = select(func.count(), func.coalesce(func.sum(RequestRecord.prompt_tokens), 0)).where(
-        RequestRecord.status == RequestStatus.QUEUED.value, RequestRecord.model == model
-    )
-    num_requests, num_tokens = session.execute(queued).one()
-    session.commit()  # ends the read's transaction: the request's own INSERT follows in a new one
-    is_full = (config.max_queued_requests and num_requests >= config.max_queued_requests) or (
+def _workers_and_queue(client: redis.Redis, config: Config, model: str) -> tuple[int, int]:
+    """The model's live workers and the tasks waiting on its interactive queue, in one round trip: the first thing
+    admission asks Redis, so a Redis that is down is a 503 before anything is written."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zcount(RedisKeys(config.redis_prefix).live_workers_of(model), time.time(), "+inf")
+        pipe.llen(config.interactive_queue_of(model))  # Celery's Redis transport keeps a queue's tasks in one list
+        num_workers, num_queued = pipe.execute()
+    return int(num_workers), int(num_queued)
+
+
+def _check_queue_room(session: Session, config: Config, model: str, num_queued: int) -> None:
+    """Requests waiting are counted on the queue itself, with the live workers; only a cap on the tokens waiting
+    reads their rows (a query and a commit more before the request's own INSERT)."""
+    num_tokens = _queued_prompt_tokens(session, model) if config.max_queued_tokens else 0
+    is_full = (config.max_queued_requests and num_queued >= config.max_queued_requests) or (
         config.max_queued_tokens and num_tokens >= config.max_queued_tokens
     )
     if is_full:
         raise APIError(
             429,
-            f"The queue for {model} is full ({num_requests} requests waiting); retry shortly.",
+            f"The queue for {model} is full ({num_queued} requests waiting); retry shortly.",
             type="rate_limit_exceeded",
             code="queue_full",
             headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)},
         )
+
+
+def _queued_prompt_tokens(session: Session, model: str) -> int:
+    queued = select(func.coalesce(func.sum(RequestRecord.prompt_tokens), 0)).where(
+        RequestRecord.status == RequestStatus.QUEUED.value, RequestRecord.model == model
+    )
+    num_tokens = session.execute(queued).scalar_one()
+    session.commit()  # ends the read's transaction: the request's own INSERT follows in a new one
+    return int(num_tokens)
 
 
 def rate_limit_headers(decision: RateDecision) -> dict[str, str]:

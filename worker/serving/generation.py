@@ -21,10 +21,9 @@ from tasks.messages.generation import (
     UsageDetails,
 )
 from tasks.messages.steering import SteeringSource, SteeringSpec
-from tasks.steering_store import default_steering
+from tasks.steering_store import profile_keys, steering_of_profiles
 from tasks.store.finish import RESULT_NOT_RECORDED, finish_request
-from tasks.streams.cancel_flags import is_cancel_requested
-from tasks.streams.events import append_event
+from tasks.streams.redis_keys import RedisKeys
 from worker.serving.cancel_watcher import CancelWatcher
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
 from worker.serving.task_runner import TaskRunner
@@ -51,6 +50,16 @@ class Outcome:
         return cls([ChoiceResult(0, "", finish_reason)], 0, error)
 
 
+@dataclass(frozen=True)
+class Start:
+    """How a request's start went: its choices submitted (`followed`), or the error that stopped it, or nothing
+    submitted because its client had cancelled it before it started."""
+
+    followed: FollowedRequest | None = None
+    error: Exception | None = None
+    is_cancelled: bool = False
+
+
 class GenerationHandler(TaskRunner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -67,12 +76,12 @@ class GenerationHandler(TaskRunner):
         """The engine starts on the request before the claim's SQL round trips, so they overlap its prefill instead of
         preceding it; its outputs wait, unapplied and unwritten, until the claim says the request is this run's (one
         that is not is cancelled in the engine, and nothing of it reaches the stream or the database)."""
-        followed, start_error = self._start(request)
+        start = self._start(request)
         try:
             if not self.claim(request.request_id):
                 return
             try:
-                outcome = self._outcome_of(request, followed, start_error)
+                outcome = self._outcome_of(request, start)
             except Exception as exc:
                 # Redis or the database failed mid-request: still leave exactly one result, if they let us.
                 logger.exception("request %s failed in the worker", request.request_id)
@@ -80,14 +89,16 @@ class GenerationHandler(TaskRunner):
                 outcome = Outcome.ended(None, ErrorInfo("The worker failed while generating.", "server_error"))
             self._finish(request, outcome)
         finally:
-            if followed is not None:
-                self._drop(followed)
+            if start.followed is not None:
+                self._drop(start.followed)
 
-    def _start(self, request: GenerateRequest) -> tuple[FollowedRequest | None, Exception | None]:
+    def _start(self, request: GenerateRequest) -> Start:
         """The request's choices submitted to the engine (those submitted, and the error, if one failed)."""
         followed = None
         try:
-            steering, source = self._steering_for(request)
+            steering, source, is_cancelled = self._read_before_start(request)
+            if is_cancelled:
+                return Start(is_cancelled=True)
             report = SteeringReport(engine_request_id(request, 0), request.monitor, source)
             followed = FollowedRequest(request, report)
             on_output = partial(self.outputs.put, followed)
@@ -95,20 +106,16 @@ class GenerationHandler(TaskRunner):
                 choice = start_choice(self.engine, self.tokenizer, request, index, on_output, steering)
                 followed.choices[choice.engine_request_id] = choice
         except Exception as exc:
-            return followed, exc
-        return followed, None
+            return Start(followed, exc)
+        return Start(followed)
 
-    def _outcome_of(
-        self, request: GenerateRequest, followed: FollowedRequest | None, start_error: Exception | None
-    ) -> Outcome:
-        if start_error is not None:
-            raise start_error
-        assert followed is not None, "_start returns a followed request or an error"
-        if is_cancel_requested(self.redis, self.config, request.request_id):
-            self._drop(followed)  # before the result is recorded, as `_run` does
+    def _outcome_of(self, request: GenerateRequest, start: Start) -> Outcome:
+        if start.error is not None:
+            raise start.error
+        if start.is_cancelled:
             return Outcome.ended(FinishReason.ABORT)
-        self._emit(request.request_id, StreamEvent(EventType.START))
-        return self._run(followed)
+        assert start.followed is not None, "_start submits, fails or finds the request cancelled"
+        return self._run(start.followed)
 
     def _run(self, followed: FollowedRequest) -> Outcome:
         request = followed.request
@@ -118,7 +125,7 @@ class GenerationHandler(TaskRunner):
 
         try:
             self.cancels.watch(request.request_id, on_cancel)
-            self.outputs.follow(followed)
+            self.outputs.follow(followed, opening=StreamEvent(EventType.START))
             error = self._wait(followed)
         finally:
             self.cancels.forget(request.request_id, on_cancel)
@@ -134,13 +141,18 @@ class GenerationHandler(TaskRunner):
         self.outputs.forget(followed)
         self._cancel(followed)
 
-    def _steering_for(self, request: GenerateRequest) -> tuple[SteeringSpec | None, SteeringSource]:
-        """The request's own steering, else its tenant's profile, else the worker-wide one. The worker reads the
-        profiles when the request runs rather than the api when it is submitted, so a PUT applies at once, to queued
-        requests too, and the api's hot path makes no extra Redis read."""
+    def _read_before_start(self, request: GenerateRequest) -> tuple[SteeringSpec | None, SteeringSource, bool]:
+        """The steering the request runs with (its own, else its tenant's profile, else the worker-wide one) and
+        whether its cancel flag is set, in one round trip before the engine starts on it, so that neither read waits
+        in line after the claim. The worker reads the profiles when the request runs rather than the api when it is
+        submitted, so a PUT applies at once, to queued requests too, and the api's hot path makes no extra Redis read.
+        A flag set after this read is the cancel watcher's, which reads every watched request's flag as it watches."""
+        cancel_flag = RedisKeys(self.config.redis_prefix).cancel_flag(request.request_id)
         if request.steering is not None:
-            return request.steering, SteeringSource.REQUEST
-        return default_steering(self.redis, self.config, request.tenant)
+            (flag,) = self.redis.mget([cancel_flag])
+            return request.steering, SteeringSource.REQUEST, flag is not None
+        own, worker_wide, flag = self.redis.mget([*profile_keys(self.config, request.tenant), cancel_flag])
+        return *steering_of_profiles(own, worker_wide), flag is not None
 
     def _cancel(self, followed: FollowedRequest) -> None:
         for choice_id in followed.choices:
@@ -157,9 +169,6 @@ class GenerationHandler(TaskRunner):
         if followed.failure is not None:
             raise followed.failure
         return followed.error
-
-    def _emit(self, request_id: str, event: StreamEvent) -> None:
-        append_event(self.redis, self.config, request_id, event)
 
     def _record(self, request: GenerateRequest, outcome: Outcome) -> bool:
         with self.sessions() as session:

@@ -47,6 +47,7 @@ class FollowedRequest:
     is_followed: bool = False  # the processor's lock: its outputs are applied from now on
     is_forgotten: bool = False  # the processor's lock: its outputs are dropped from now on
     is_in_pass: bool = False  # the processor's lock: a pass has taken outputs of it and not yet written their events
+    opening: StreamEvent | None = None  # set by `follow`: written before its outputs' events, by the next pass
     last_token_at: float | None = None  # the processor's thread: unix seconds of the last pass that wrote its tokens
     # the processor's thread: when its stream's expiry was last set, or before (its START event sets it later)
     expiry_set_at: float = field(default_factory=time.monotonic)
@@ -165,11 +166,14 @@ class OutputProcessor:
                 self._ready[followed] = None
                 self._has_work.notify()
 
-    def follow(self, followed: FollowedRequest) -> None:
-        """Outputs that arrived before this (the request's choices were still being submitted) are applied now."""
+    def follow(self, followed: FollowedRequest, opening: StreamEvent | None = None) -> None:
+        """Outputs that arrived before this (the request's choices were still being submitted) are applied now.
+        `opening` (the START event its claim allows) goes out first, in the same Redis call as the events of the
+        outputs waiting, rather than in a round trip of its own before them."""
         with self._lock:
             followed.is_followed = True
-            if followed.pending:
+            followed.opening = opening
+            if followed.pending or opening is not None:
                 self._ready[followed] = None
                 self._has_work.notify()
 
@@ -220,9 +224,12 @@ class OutputProcessor:
                 self._end(followed)
                 continue
             key = self._keys.request_stream(followed.request.request_id)
+            opening, followed.opening = followed.opening, None
+            if opening is not None:  # written as the worker's other events are, without chunks: the relay makes them
+                entries.append((key, {EVENT_FIELD: json.dumps(opening.to_dict())}))
             entries.extend((key, _entry_fields(followed.request, event)) for event in events)
             written.append(followed)
-            if events and self._is_expiry_due(followed):
+            if (events and self._is_expiry_due(followed)) or opening is not None:  # the first entry sets the expiry
                 expire_keys.append(key)
             if any(event.token_ids for event in events):
                 with_tokens.append(followed)

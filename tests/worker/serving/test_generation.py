@@ -20,6 +20,7 @@ from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.store.models import RequestRecord, RequestStatus
 from tasks.store.request_store import claim_request, create_request, get_request
 from tasks.streams.cancel_flags import request_cancel
+from tasks.streams.events import append_event
 from tasks.streams.redis_keys import RedisKeys
 from tasks.streams.worker_leases import renew_worker_lease
 from worker.engine.continuous_engine import ContinuousEngine
@@ -122,7 +123,7 @@ def test_redelivery_after_a_worker_died_mid_stream_ends_in_one_error(handler: Ge
     request = accept(handler, "the bird")
     with handler.sessions() as session:
         claim_request(session, request.request_id, "dead-worker")  # the dead worker had claimed it ...
-    handler._emit(request.request_id, StreamEvent(EventType.START))  # ... and started streaming
+    append_event(handler.redis, handler.config, request.request_id, StreamEvent(EventType.START))  # ... streamed
     handler.handle(request)
     events = stream_events(handler, request.request_id)
     assert [e.type for e in events] == [EventType.START, EventType.FINAL]

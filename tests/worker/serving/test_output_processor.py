@@ -152,6 +152,31 @@ def test_outputs_before_and_after_follow_reach_each_stream_in_order(
     assert [(event.index, event.finish_reason) for event in second_events] == [(1, FinishReason.STOP), (0, None)]
 
 
+def test_the_opening_event_goes_out_first_with_the_outputs_waiting_or_alone(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, client = start(processors, config, tokenizer)
+    waited, fresh = followed_request(tokenizer), followed_request(tokenizer)
+    ids = tokenizer.encode(" a small dog", add_special_tokens=False)
+    processor.put(waited, EngineOutput(waited.request.request_id, ids[:1]))  # arrived before the claim allowed it
+    processor.follow(waited, opening=StreamEvent(EventType.START))
+    processor.follow(fresh, opening=StreamEvent(EventType.START))  # nothing from the engine yet: START alone
+    deadline = time.monotonic() + 5
+    while not (events(client, config, waited) and events(client, config, fresh)):
+        assert time.monotonic() < deadline, "the opening events were not written"
+        time.sleep(0.01)
+    assert [event.type for event in events(client, config, fresh)] == [EventType.START]
+    processor.put(fresh, EngineOutput(fresh.request.request_id, ids, FinishReason.LENGTH))
+    processor.put(waited, EngineOutput(waited.request.request_id, ids[1:], FinishReason.LENGTH))
+    assert waited.done.wait(5) and fresh.done.wait(5)
+    for followed in (waited, fresh):
+        written = events(client, config, followed)
+        assert written[0].type == EventType.START and {event.type for event in written[1:]} == {EventType.DELTA}
+        assert [token_id for event in written for token_id in event.token_ids] == ids
+        key = RedisKeys(config.redis_prefix).request_stream(followed.request.request_id)
+        assert 0 < client.ttl(key) <= config.stream_ttl_s  # the first entry set the stream's expiry
+
+
 def test_a_streamed_requests_deltas_carry_the_chunks_its_client_gets_and_others_none(
     config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
 ) -> None:
