@@ -7,7 +7,10 @@ Per row count it prints the best and median milliseconds of a step for each, the
 the best step reached (GFLOP/s of multiply-adds, GB/s of weights read), so that one can tell a step bound by reading
 weights from one bound by arithmetic.
 
-    .venv/bin/python -m bench.quantization.kernel_timing [--rows 1,4,8,16,32,64] [--rounds 15] [--threads 2]
+    .venv/bin/python -m bench.quantization.kernel_timing [--rows 1,4,8,16,32,64] [--rounds 15] [--threads 2] \
+        [--plot out.png]
+
+With --plot, the median milliseconds of a step against the rows, both ways, go to a PNG.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -77,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,4,8,16,32,64")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--plot", type=Path, help="write the plot (PNG) here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -100,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         " float32 best GFLOP/s, GB/s | int8 best GFLOP/s, GB/s |"
     )
     print("|---|---|---|---|---|---|")
+    medians: dict[str, dict[int, float]] = {name: {} for name in ways}
     for rows in (int(value) for value in args.rows.split(",")):
         seconds: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.rounds):
@@ -107,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                 seconds[name].append(timed_step(run_one, linears, rows, clock))
         best = {name: min(values) for name, values in seconds.items()}
         median = {name: statistics.median(values) for name, values in seconds.items()}
+        for name, value in median.items():
+            medians[name][rows] = value
         flops = 2 * rows * params
         rates = {
             name: f"{flops / best[name] / 1e9:.0f}, {params * bytes_per / best[name] / 1e9:.1f}"
@@ -118,7 +126,27 @@ def main(argv: list[str] | None = None) -> int:
             f"| {median['float32'] / median['int8 kernel']:.2f}x | {rates['float32']} | {rates['int8 kernel']} |"
         )
     print(f"load average after: {os.getloadavg()}")
+    if args.plot:
+        plot_medians(medians, f"135M decode step's linears, {args.threads} threads ({clock_name})", args.plot)
     return 0
+
+
+def plot_medians(medians: dict[str, dict[int, float]], title: str, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for name, by_rows in medians.items():
+        axes.plot(list(by_rows), [seconds * 1e3 for seconds in by_rows.values()], marker="o", label=name)
+    axes.set(xlabel="rows (requests in the decode step)", ylabel="ms a step, median of rounds", title=title)
+    axes.set_xscale("log", base=2)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(out, metadata={"Software": None})
+    plt.close(figure)
 
 
 if __name__ == "__main__":
