@@ -28,7 +28,8 @@ gptqmodel = pytest.importorskip("gptqmodel", reason="the gptq extra (gptqmodel) 
 pytest.importorskip("optimum", reason="the gptq extra (optimum) is not installed")
 
 CALIBRATION_ROWS, CALIBRATION_TOKENS = 16, 48
-GROUP_SIZE = 32  # divides every input width of the tiny model (128 and 352)
+TINY_VOCAB = 2048  # calibration rows are random token ids below it, past the special tokens
+GROUP_SIZE = 32  # divides every input width: the tiny model's 128 and 352, and 384 widened
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,11 @@ def gptqmodel_checkpoint(model_dir: Path, method: str, out: Path, monkeypatch: p
     # GPTQModel sizes its CPU thread pools at half the cores, and its model loader asks for 2 workers: on a 2-core
     # machine the default (1) is refused, so ask for 2 before its pools are first built
     monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "2")
-    checkpoint_format = FORMATS[method]
+    spec = FORMATS[method]
     rng = random.Random(0)
     calibration = [
         {
-            "input_ids": [rng.randrange(5, 2048) for _ in range(CALIBRATION_TOKENS)],
+            "input_ids": [rng.randrange(5, TINY_VOCAB) for _ in range(CALIBRATION_TOKENS)],
             "attention_mask": [1] * CALIBRATION_TOKENS,
         }
         for _ in range(CALIBRATION_ROWS)
@@ -87,11 +88,11 @@ def gptqmodel_checkpoint(model_dir: Path, method: str, out: Path, monkeypatch: p
     quantize_config = gptqmodel.QuantizeConfig(
         bits=4,
         group_size=GROUP_SIZE,
-        quant_method=checkpoint_format.quant_method,
-        format=checkpoint_format.checkpoint_format,
+        quant_method=spec.quant_method,
+        format=spec.checkpoint_format,
     )
     # the checkpoint keeps the dtype it was quantized in (GPTQModel's CPU default is bfloat16)
-    dtype = getattr(torch, checkpoint_format.dtype)
+    dtype = getattr(torch, spec.dtype)
     model = gptqmodel.GPTQModel.load(str(model_dir), quantize_config, device="cpu", dtype=dtype)
     # its portable torch packer: the default for AWQ's GEMM format packs with a CUDA kernel; the saved checkpoint is
     # the same format either way
