@@ -93,11 +93,13 @@ def gptqmodel_checkpoint(model_dir: Path, method: str, out: Path, monkeypatch: p
     )
     # the checkpoint keeps the dtype it was quantized in (GPTQModel's CPU default is bfloat16)
     dtype = getattr(torch, spec.dtype)
-    model = gptqmodel.GPTQModel.load(str(model_dir), quantize_config, device="cpu", dtype=dtype)
-    # its portable torch packer: the default for AWQ's GEMM format packs with a CUDA kernel; the saved checkpoint is
-    # the same format either way
-    model.quantize(calibration, batch_size=4, backend=gptqmodel.BACKEND.TORCH)
-    model.save(str(out))
+    with monkeypatch.context() as during_quantize:
+        during_quantize.chdir(out.parent)  # GPTQModel writes its quantization logs under ./logs
+        model = gptqmodel.GPTQModel.load(str(model_dir.resolve()), quantize_config, device="cpu", dtype=dtype)
+        # its portable torch packer: the default for AWQ's GEMM format packs with a CUDA kernel; the saved checkpoint
+        # is the same format either way
+        model.quantize(calibration, batch_size=4, backend=gptqmodel.BACKEND.TORCH)
+        model.save(str(out.resolve()))
     return out
 
 
