@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     # the step's cost whatever else holds the cores; more threads are timed by the wall clock.
     clock = time.thread_time if args.threads == 1 else time.perf_counter
     clock_name = "thread CPU time" if args.threads == 1 else "wall clock"
-    print(f"{params / 1e6:.1f}M weights a step, {args.threads} threads ({clock_name}), load average {os.getloadavg()}")
+    threads = "1 thread" if args.threads == 1 else f"{args.threads} threads"
+    print(f"{params / 1e6:.1f}M weights a step, {threads} ({clock_name}), load average {os.getloadavg()}")
     print(
         "| rows | float32 ms (best, median) | int8 kernel ms (best, median) | float32 / int8 (medians) |"
         " float32 best GFLOP/s, GB/s | int8 best GFLOP/s, GB/s |"
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"load average after: {os.getloadavg()}")
     if args.plot:
-        plot_medians(medians, f"135M decode step's linears, {args.threads} threads ({clock_name})", args.plot)
+        plot_medians(medians, f"135M decode step's linears, {threads} ({clock_name})", args.plot)
     return 0
 
 
