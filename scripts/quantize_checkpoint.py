@@ -6,7 +6,9 @@ torchao (`quantize_` through transformers' TorchAoConfig) and bitsandbytes quant
 save them; compressed-tensors formats (W8A8 INT8, W8A16, W4A16, FP8 dynamic) have their weight scales computed from
 each weight's own range (round-to-nearest, compressed-tensors' `calculate_qparams`; activations are quantized
 per token at run time, so no calibration data is needed), and are compressed and saved by its ModelCompressor.
-The tokenizer files are copied beside the weights.
+GPTQ and AWQ (`--method gptq|awq`, the `gptq` extra) are calibrated by GPTQModel's own quantize on
+`--calibration-file`'s lines of text (one sample a line, at most `--calibration-rows`), tokenized with the model's
+tokenizer. The tokenizer files are copied beside the weights.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from scripts.quantize_gptqmodel import GPTQMODEL_FORMATS, quantize_with_gptqmodel
 from worker.engine.loading.quantization import LOAD_TIME_METHODS
 
 logger = logging.getLogger(__name__)
@@ -30,13 +33,16 @@ COMPRESSED_TENSORS_PRESETS = {
     "compressed_tensors_w4a16": "W4A16",
     "compressed_tensors_fp8": "FP8_DYNAMIC",
 }
-METHODS = (*LOAD_TIME_METHODS, *COMPRESSED_TENSORS_PRESETS)
+METHODS = (*LOAD_TIME_METHODS, *COMPRESSED_TENSORS_PRESETS, *GPTQMODEL_FORMATS)
 GROUP_SIZE = 32  # of grouped int4 weights: divides the tiny model's (128, 352) and the 135M model's widths
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
-def quantize_checkpoint(model_dir: Path, method: str, out_dir: Path) -> Path:
-    """Writes `model_dir`'s model quantized with `method` (one of METHODS) to `out_dir` and returns it."""
+def quantize_checkpoint(
+    model_dir: Path, method: str, out_dir: Path, calibration: list[list[int]] | None = None
+) -> Path:
+    """Writes `model_dir`'s model quantized with `method` (one of METHODS) to `out_dir` and returns it; GPTQ and AWQ
+    are calibrated on `calibration`'s token-id rows."""
     if method in LOAD_TIME_METHODS:
         make_config = LOAD_TIME_METHODS[method][2]
         model = AutoModelForCausalLM.from_pretrained(
@@ -46,6 +52,10 @@ def quantize_checkpoint(model_dir: Path, method: str, out_dir: Path) -> Path:
     elif method in COMPRESSED_TENSORS_PRESETS:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         save_compressed_tensors(model, COMPRESSED_TENSORS_PRESETS[method], out_dir)
+    elif method in GPTQMODEL_FORMATS:
+        if not calibration:
+            raise ValueError(f"{method} is calibrated: give it token-id rows (--calibration-file)")
+        quantize_with_gptqmodel(model_dir, method, out_dir, calibration)
     else:
         raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
     for name in TOKENIZER_FILES:
@@ -99,9 +109,21 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True, help="a float checkpoint's folder")
     parser.add_argument("--method", choices=METHODS, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--calibration-file", type=Path, help="gptq, awq: text, one calibration sample a line")
+    parser.add_argument("--calibration-rows", type=int, default=128, help="gptq, awq: at most this many lines")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quantize_checkpoint(args.model, args.method, args.out)
+    calibration = None
+    if args.calibration_file is not None:
+        calibration = calibration_rows(args.model, args.calibration_file, args.calibration_rows)
+    quantize_checkpoint(args.model, args.method, args.out, calibration)
+
+
+def calibration_rows(model_dir: Path, text_file: Path, max_rows: int) -> list[list[int]]:
+    """The first `max_rows` non-empty lines of `text_file`, tokenized with the model's own tokenizer."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    lines = [line for line in text_file.read_text().splitlines() if line.strip()][:max_rows]
+    return [tokenizer.encode(line) for line in lines]
 
 
 if __name__ == "__main__":

@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from scripts.quantize_checkpoint import quantize_checkpoint
+from scripts.quantize_gptqmodel import GPTQMODEL_FORMATS
 from tasks.config import Config
 from tests.worker.engine.loading.test_quantized_models import (
     MAX_TOKENS,
@@ -24,26 +25,12 @@ from tests.worker.engine.loading.test_quantized_models import (
 )
 from tests.worker.engine_harness import hf_greedy
 
-gptqmodel = pytest.importorskip("gptqmodel", reason="the gptq extra (gptqmodel) is not installed")
+pytest.importorskip("gptqmodel", reason="the gptq extra (gptqmodel) is not installed")
 pytest.importorskip("optimum", reason="the gptq extra (optimum) is not installed")
 
 CALIBRATION_ROWS, CALIBRATION_TOKENS = 16, 48
 TINY_VOCAB = 2048  # calibration rows are random token ids below it, past the special tokens
-GROUP_SIZE = 32  # divides every input width: the tiny model's 128 and 352, and 384 widened
-
-
-@dataclass(frozen=True)
-class Format:
-    quant_method: str  # GPTQModel's, and the checkpoint's quant_method
-    checkpoint_format: str  # GPTQModel's format: the packing transformers' quantizer reads
-    dtype: str  # quantized, saved and served in: GPTQModel's AWQ packer takes float16 or bfloat16 only
-    served_as: str  # the engine's name of the loaded quantization
-
-
-FORMATS = {
-    "gptq": Format("gptq", "gptq", "float32", "gptq:4bit-g32"),
-    "awq": Format("awq", "gemm", "bfloat16", "awq:4bit-g32"),
-}
+SERVED_AS = {"gptq": "gptq:4bit-g32", "awq": "awq:4bit-g32"}  # the engine's name of the loaded quantization
 # GPTQModel's AWQ clip search takes output channels in batches of 64, and the tiny model's MLP has 352
 AWQ_INTERMEDIATE_SIZE = 384
 
@@ -71,49 +58,23 @@ def widened_mlp_checkpoint(model_dir: Path, intermediate_size: int, out: Path) -
     return out
 
 
-def gptqmodel_checkpoint(model_dir: Path, method: str, out: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """`model_dir` quantized to 4 bits by GPTQModel's own quantize with `method`, saved at `out`."""
-    # GPTQModel sizes its CPU thread pools at half the cores, and its model loader asks for 2 workers: on a 2-core
-    # machine the default (1) is refused, so ask for 2 before its pools are first built
-    monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "2")
-    spec = FORMATS[method]
+def random_calibration() -> list[list[int]]:
     rng = random.Random(0)
-    calibration = [
-        {
-            "input_ids": [rng.randrange(5, TINY_VOCAB) for _ in range(CALIBRATION_TOKENS)],
-            "attention_mask": [1] * CALIBRATION_TOKENS,
-        }
-        for _ in range(CALIBRATION_ROWS)
-    ]
-    quantize_config = gptqmodel.QuantizeConfig(
-        bits=4,
-        group_size=GROUP_SIZE,
-        quant_method=spec.quant_method,
-        format=spec.checkpoint_format,
-    )
-    # the checkpoint keeps the dtype it was quantized in (GPTQModel's CPU default is bfloat16)
-    dtype = getattr(torch, spec.dtype)
-    with monkeypatch.context() as during_quantize:
-        during_quantize.chdir(out.parent)  # GPTQModel writes its quantization logs under ./logs
-        model = gptqmodel.GPTQModel.load(str(model_dir.resolve()), quantize_config, device="cpu", dtype=dtype)
-        # its portable torch packer: the default for AWQ's GEMM format packs with a CUDA kernel; the saved checkpoint
-        # is the same format either way
-        model.quantize(calibration, batch_size=4, backend=gptqmodel.BACKEND.TORCH)
-        model.save(str(out.resolve()))
-    return out
+    return [[rng.randrange(5, TINY_VOCAB) for _ in range(CALIBRATION_TOKENS)] for _ in range(CALIBRATION_ROWS)]
 
 
-@pytest.mark.parametrize("method", list(FORMATS))
+@pytest.mark.parametrize("method", list(GPTQMODEL_FORMATS))
 def test_a_gptqmodel_checkpoint_serves_what_hf_generates_with_it(
-    method: str, tiny_config: Config, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    method: str, tiny_config: Config, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model_dir = Path(tiny_config.model)
     if method == "awq":
         model_dir = widened_mlp_checkpoint(model_dir, AWQ_INTERMEDIATE_SIZE, tmp_path / "widened")
-    checkpoint = gptqmodel_checkpoint(model_dir, method, tmp_path / method, monkeypatch)
+    checkpoint = quantize_checkpoint(model_dir, method, tmp_path / method, random_calibration())
     reference = quantized_reference(checkpoint)
     expected = [hf_greedy(reference, frozenset(), prompt, MAX_TOKENS) for prompt in PROMPTS]
-    config = dataclasses.replace(tiny_config, model=str(checkpoint), dtype=FORMATS[method].dtype)
+    dtype = str(GPTQMODEL_FORMATS[method].dtype).removeprefix("torch.")
+    config = dataclasses.replace(tiny_config, model=str(checkpoint), dtype=dtype)
     name, tokens = served_greedy(config, caplog)
-    assert name == FORMATS[method].served_as
+    assert name == SERVED_AS[method]
     assert tokens == expected
