@@ -7,8 +7,8 @@ save them; compressed-tensors formats (W8A8 INT8, W8A16, W4A16, FP8 dynamic) hav
 each weight's own range (round-to-nearest, compressed-tensors' `calculate_qparams`; activations are quantized
 per token at run time, so no calibration data is needed), and are compressed and saved by its ModelCompressor.
 GPTQ and AWQ (`--method gptq|awq`, the `gptq` extra) are calibrated by GPTQModel's own quantize on
-`--calibration-file`'s lines of text (one sample a line, at most `--calibration-rows`), tokenized with the model's
-tokenizer. The tokenizer files are copied beside the weights.
+`--calibration-file`'s text, tokenized with the model's tokenizer and cut into rows of `--calibration-tokens`.
+The tokenizer files are copied beside the weights.
 """
 
 from __future__ import annotations
@@ -109,21 +109,28 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True, help="a float checkpoint's folder")
     parser.add_argument("--method", choices=METHODS, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--calibration-file", type=Path, help="gptq, awq: text, one calibration sample a line")
-    parser.add_argument("--calibration-rows", type=int, default=128, help="gptq, awq: at most this many lines")
+    parser.add_argument("--calibration-file", type=Path, help="gptq, awq: calibration text")
+    parser.add_argument("--calibration-tokens", type=int, default=256, help="gptq, awq: tokens a calibration row")
+    parser.add_argument("--calibration-rows", type=int, default=128, help="gptq, awq: at most this many rows")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     calibration = None
     if args.calibration_file is not None:
-        calibration = calibration_rows(args.model, args.calibration_file, args.calibration_rows)
+        calibration = calibration_rows(
+            args.model, args.calibration_file, args.calibration_tokens, args.calibration_rows
+        )
     quantize_checkpoint(args.model, args.method, args.out, calibration)
 
 
-def calibration_rows(model_dir: Path, text_file: Path, max_rows: int) -> list[list[int]]:
-    """The first `max_rows` non-empty lines of `text_file`, tokenized with the model's own tokenizer."""
+def calibration_rows(model_dir: Path, text_file: Path, row_tokens: int, max_rows: int) -> list[list[int]]:
+    """`text_file` tokenized whole with the model's own tokenizer and cut into rows of `row_tokens` (GPTQModel drops
+    rows under 10 tokens, so short lines are not rows of their own), at most `max_rows` of them."""
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
-    lines = [line for line in text_file.read_text().splitlines() if line.strip()][:max_rows]
-    return [tokenizer.encode(line) for line in lines]
+    ids = tokenizer.encode(text_file.read_text(), add_special_tokens=False)
+    rows = [ids[start : start + row_tokens] for start in range(0, len(ids), row_tokens)][:max_rows]
+    if len(rows) > 1 and len(rows[-1]) < row_tokens:
+        rows.pop()  # the short remainder
+    return rows
 
 
 if __name__ == "__main__":

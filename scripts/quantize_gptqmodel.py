@@ -42,10 +42,11 @@ def quantize_with_gptqmodel(model_dir: Path, method: str, out_dir: Path, calibra
         bits=4, group_size=GROUP_SIZE, quant_method=spec.quant_method, format=spec.checkpoint_format
     )
     rows = [{"input_ids": row, "attention_mask": [1] * len(row)} for row in calibration]
+    model_dir, out_dir = model_dir.resolve(), out_dir.resolve()  # before the chdir below
     out_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.chdir(out_dir):  # GPTQModel writes its quantization logs under ./logs
-        model = gptqmodel.GPTQModel.load(str(model_dir.resolve()), config, device="cpu", dtype=spec.dtype)
+        model = gptqmodel.GPTQModel.load(str(model_dir), config, device="cpu", dtype=spec.dtype)
         # the torch packer: AWQ's default packs with a CUDA kernel; the saved format is the same either way
         model.quantize(rows, batch_size=4, backend=gptqmodel.BACKEND.TORCH)
-        model.save(str(out_dir.resolve()))
+        model.save(str(out_dir))
     logger.info("GPTQModel calibrated %s on %d rows", method, len(rows))
