@@ -47,15 +47,18 @@ class FollowedRequest:
     is_followed: bool = False  # the processor's lock: its outputs are applied from now on
     is_forgotten: bool = False  # the processor's lock: its outputs are dropped from now on
     is_in_pass: bool = False  # the processor's lock: a pass has taken outputs of it and not yet written their events
-    last_token_at: float | None = None  # the processor's thread: unix seconds of the last pass that wrote its tokens
+    # the processor's thread (`put` reads it to tell a first token): unix seconds of the last pass that wrote its tokens
+    last_token_at: float | None = None
     # the processor's thread: when its stream's expiry was last set, or before (its START event sets it later)
     expiry_set_at: float = field(default_factory=time.monotonic)
 
     def apply(
         self, outputs: list[EngineOutput], tokenizer: PreTrainedTokenizerFast, engine: Engine
     ) -> list[StreamEvent]:
-        """The stream events `outputs` make; cancels a choice in the engine that a stop string ended first."""
-        events = []
+        """The stream events `outputs` make, a choice's outputs in one event (one entry, one SSE frame for the client,
+        whatever number of engine steps they span); cancels a choice in the engine that a stop string ended first."""
+        deltas: list[tuple[int, ChoiceDelta]] = []
+        open_delta_at: dict[int, int] = {}  # by choice index: where in `deltas` its outputs are being joined
         for output in outputs:
             choice = self.choices[output.request_id]
             if choice.is_done:
@@ -65,11 +68,16 @@ class FollowedRequest:
             if choice.error is not None:
                 self.error = ErrorInfo(choice.error, choice.error_type, choice.error_param)
                 break
-            if (event := _delta_event(choice.index, delta)) is not None:
-                events.append(event)
+            at = open_delta_at.get(choice.index)
+            # a tool call's entries close the event: text after them is not moved before them
+            if at is not None and not deltas[at][1].tool_calls:
+                deltas[at] = (choice.index, deltas[at][1].followed_by(delta))
+            else:
+                open_delta_at[choice.index] = len(deltas)
+                deltas.append((choice.index, delta))
             if choice.is_done and output.finish_reason is None:
                 engine.cancel(choice.engine_request_id)
-        return events
+        return [event for index, delta in deltas if (event := _delta_event(index, delta)) is not None]
 
     @property
     def has_ended(self) -> bool:
@@ -142,6 +150,11 @@ class OutputProcessor:
         self._pass_ended = threading.Condition(self._lock)
         self._ready: dict[FollowedRequest, None] = {}  # followed requests with pending outputs, in arrival order
         self._is_stopping = False
+        # A pass starts `stream_interval_s` after the one before, unless an output waiting is a request's first
+        # token or its end (`_is_urgent`): the steps between join each request's tokens into one entry.
+        self._interval_s = config.stream_interval_s
+        self._is_urgent = False
+        self._last_pass_at = 0.0  # monotonic seconds
         self._thread = threading.Thread(target=self._run, name="output-processor", daemon=True)
 
     def start(self) -> None:
@@ -161,8 +174,12 @@ class OutputProcessor:
             if followed.is_forgotten:
                 return
             followed.pending.append(output)
-            if followed.is_followed and followed not in self._ready:
+            if not followed.is_followed:
+                return
+            is_urgent = output.is_finished or followed.last_token_at is None
+            if followed not in self._ready or (is_urgent and not self._is_urgent):
                 self._ready[followed] = None
+                self._is_urgent = self._is_urgent or is_urgent
                 self._has_work.notify()
 
     def follow(self, followed: FollowedRequest) -> None:
@@ -171,6 +188,7 @@ class OutputProcessor:
             followed.is_followed = True
             if followed.pending:
                 self._ready[followed] = None
+                self._is_urgent = True  # its first token
                 self._has_work.notify()
 
     def forget(self, followed: FollowedRequest) -> None:
@@ -185,13 +203,18 @@ class OutputProcessor:
         while True:
             with self._lock:
                 self._has_work.wait_for(lambda: self._ready or self._is_stopping)
+                self._wait_for_interval()
                 if not self._ready:
-                    return
+                    if self._is_stopping:
+                        return
+                    continue  # forgotten while the pass waited
                 taken = [(followed, followed.pending) for followed in self._ready]
                 for followed, _ in taken:
                     followed.pending = []
                     followed.is_in_pass = True
                 self._ready = {}
+                self._is_urgent = False
+                self._last_pass_at = time.monotonic()
             try:
                 self._process(taken)
             except Exception as exc:  # a failure past one request's outputs fails the pass's requests, not the thread
@@ -204,6 +227,13 @@ class OutputProcessor:
                     for followed, _ in taken:
                         followed.is_in_pass = False
                     self._pass_ended.notify_all()
+
+    def _wait_for_interval(self) -> None:
+        """Holds the lock's caller until `stream_interval_s` has passed since the last pass started, an urgent output
+        arrives, or the processor stops."""
+        remaining_s = self._last_pass_at + self._interval_s - time.monotonic()
+        if remaining_s > 0:
+            self._has_work.wait_for(lambda: self._is_urgent or self._is_stopping, timeout=remaining_s)
 
     def _process(self, taken: list[tuple[FollowedRequest, list[EngineOutput]]]) -> None:
         """One transaction writes the pass's events, so a failed write fails every request that had events in it."""

@@ -34,6 +34,18 @@ class ChoiceDelta:
     text_offset: int = 0  # where the first of `logprobs` starts in the choice's text
     prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM's, on the choice's first delta
 
+    def followed_by(self, later: ChoiceDelta) -> ChoiceDelta:
+        """This delta and the next of the same choice as one: what a client reads from both, in order."""
+        return ChoiceDelta(
+            self.text + later.text,
+            self.token_ids + later.token_ids,
+            self.logprobs + later.logprobs,
+            later.finish_reason,
+            self.tool_calls + later.tool_calls,
+            self.text_offset,
+            self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+        )
+
 
 @dataclass(frozen=True)
 class PromptShow:
