@@ -30,8 +30,9 @@ class FollowedRequest:
     is_followed: bool = False  # the processor's lock: its outputs are applied from now on
     is_forgotten: bool = False  # the processor's lock: its outputs are dropped from now on
     is_in_pass: bool = False  # the processor's lock: a pass has taken outputs of it and not yet written their events
-    # the processor's thread (`put` reads it to tell a first token): unix seconds of the last pass that wrote its tokens
-    last_token_at: float | None = None
+    # the processor's lock: a pass has taken outputs of it, so its next output is not its first token
+    has_outputs_taken: bool = False
+    last_token_at: float | None = None  # the processor's thread: unix seconds of the last pass that wrote its tokens
     # the processor's thread: when its stream's expiry was last set, or before (its START event sets it later)
     expiry_set_at: float = field(default_factory=time.monotonic)
 

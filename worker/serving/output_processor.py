@@ -108,7 +108,7 @@ class OutputProcessor:
             followed.pending.append(output)
             if not followed.is_followed:
                 return
-            is_urgent = output.is_finished or followed.last_token_at is None
+            is_urgent = output.is_finished or not followed.has_outputs_taken
             if followed not in self._ready or (is_urgent and not self._is_urgent):
                 self._ready[followed] = None
                 self._is_urgent = self._is_urgent or is_urgent
@@ -141,9 +141,10 @@ class OutputProcessor:
                         return
                     continue  # forgotten while the pass waited
                 taken = [(followed, followed.pending) for followed in self._ready]
-                for followed, _ in taken:
+                for followed, outputs in taken:
                     followed.pending = []
                     followed.is_in_pass = True
+                    followed.has_outputs_taken = followed.has_outputs_taken or bool(outputs)
                 self._ready = {}
                 self._is_urgent = False
                 self._last_pass_at = time.monotonic()
