@@ -29,6 +29,10 @@ class Config:
     bulk_queue: str = "bulk"
     stream_maxlen: int = 10_000
     stream_ttl_s: int = 3600
+    # A worker writes a running stream's new tokens at most this often (its first token and its end at once): the
+    # tokens of the steps between go out as one entry and one SSE frame, so Redis, the api and the client handle a
+    # frame per interval, not per token, whatever the engine's step rate. 0: every pass of the output processor.
+    stream_interval_s: float = 0.02
     sse_heartbeat_s: float = 15.0
     # A streaming client that drops leaves its request running this long for it (or another) to resume with
     # Last-Event-ID; with nobody reading after it, a worker's request reaper cancels it (tasks/streams/attachments.py).

@@ -6,6 +6,10 @@ EXEC: as many wake-ups and round trips per engine step as requests in flight, al
 thread. Now a step's outputs cost one wake-up and one round trip, and a request's thread wakes once, when it ends.
 A streamed chat or completion's DELTA is written with the SSE payloads its client gets (`encode_chunks`), made here
 once rather than in the api for every token.
+
+A pass joins each request's outputs into one DELTA, and passes start at most every `stream_interval_s` (a request's
+first token or end starts one at once): what Redis, the api's relay and the client handle per second is bounded by
+the number of streams over the interval, not by the engine's step rate, which on a GPU is tens of times this CPU's.
 """
 
 from __future__ import annotations
@@ -14,85 +18,20 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 
 import redis
 from transformers import PreTrainedTokenizerFast
 
 from tasks.config import Config
-from tasks.messages.generation import ErrorInfo, EventType, GenerateRequest, StreamEvent
+from tasks.messages.generation import GenerateRequest, StreamEvent
 from tasks.messages.stream_chunks import encode_chunks, is_plain_delta
 from tasks.streams.events import CHUNKS_FIELD, EVENT_FIELD, append_entries_to_streams
 from tasks.streams.redis_keys import RedisKeys
 from worker.engine.interface import Engine, EngineOutput
+from worker.serving.followed_request import FollowedRequest
 from worker.serving.metrics import ServingMetrics
-from worker.text.choice import Choice, ChoiceDelta
-from worker.text.steering_report import SteeringReport
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class FollowedRequest:
-    """A chat request's choices as the processor follows them. `done` is set once its events are in Redis and
-    every choice has ended, or a choice failed (`error`), or its events could not be written (`failure`)."""
-
-    request: GenerateRequest
-    report: SteeringReport  # the steering that ran and the positions monitored, gathered from choice 0's outputs
-    choices: dict[str, Choice] = field(default_factory=dict)  # by engine request id, in index order
-    error: ErrorInfo | None = None
-    failure: Exception | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    pending: list[EngineOutput] = field(default_factory=list)  # arrived, not yet applied (the processor's lock)
-    is_followed: bool = False  # the processor's lock: its outputs are applied from now on
-    is_forgotten: bool = False  # the processor's lock: its outputs are dropped from now on
-    is_in_pass: bool = False  # the processor's lock: a pass has taken outputs of it and not yet written their events
-    opening: StreamEvent | None = None  # set by `follow`: written before its outputs' events, by the next pass
-    last_token_at: float | None = None  # the processor's thread: unix seconds of the last pass that wrote its tokens
-    # the processor's thread: when its stream's expiry was last set, or before (its START event sets it later)
-    expiry_set_at: float = field(default_factory=time.monotonic)
-
-    def apply(
-        self, outputs: list[EngineOutput], tokenizer: PreTrainedTokenizerFast, engine: Engine
-    ) -> list[StreamEvent]:
-        """The stream events `outputs` make; cancels a choice in the engine that a stop string ended first."""
-        events = []
-        for output in outputs:
-            choice = self.choices[output.request_id]
-            if choice.is_done:
-                continue  # the abort that follows a stop string
-            self.report.add(output)
-            delta = choice.apply(output, tokenizer)
-            if choice.error is not None:
-                self.error = ErrorInfo(choice.error, choice.error_type, choice.error_param)
-                break
-            if (event := _delta_event(choice.index, delta)) is not None:
-                events.append(event)
-            if choice.is_done and output.finish_reason is None:
-                engine.cancel(choice.engine_request_id)
-        return events
-
-    @property
-    def has_ended(self) -> bool:
-        return self.error is not None or all(choice.is_done for choice in self.choices.values())
-
-
-def _delta_event(index: int, delta: ChoiceDelta) -> StreamEvent | None:
-    """Choice 0's finish reason rides on the FINAL event; the others end with their last DELTA."""
-    finish_reason = delta.finish_reason if index > 0 else None
-    if not (delta.text or delta.token_ids or delta.tool_calls or delta.prompt_logprobs or finish_reason is not None):
-        return None
-    return StreamEvent(
-        EventType.DELTA,
-        text=delta.text,
-        token_ids=delta.token_ids,
-        logprobs=delta.logprobs,
-        index=index,
-        finish_reason=finish_reason,
-        tool_calls=delta.tool_calls,
-        text_offset=delta.text_offset,
-        prompt_logprobs=delta.prompt_logprobs,
-    )
 
 
 def _entry_fields(request: GenerateRequest, event: StreamEvent) -> dict[str, str]:
@@ -143,6 +82,11 @@ class OutputProcessor:
         self._pass_ended = threading.Condition(self._lock)
         self._ready: dict[FollowedRequest, None] = {}  # followed requests with pending outputs, in arrival order
         self._is_stopping = False
+        # A pass starts `stream_interval_s` after the one before, unless an output waiting is a request's first
+        # token or its end (`_is_urgent`): the steps between join each request's tokens into one entry.
+        self._interval_s = config.stream_interval_s
+        self._is_urgent = False
+        self._last_pass_at = 0.0  # monotonic seconds
         self._thread = threading.Thread(target=self._run, name="output-processor", daemon=True)
 
     def start(self) -> None:
@@ -162,8 +106,12 @@ class OutputProcessor:
             if followed.is_forgotten:
                 return
             followed.pending.append(output)
-            if followed.is_followed and followed not in self._ready:
+            if not followed.is_followed:
+                return
+            is_urgent = output.is_finished or not followed.has_outputs_taken
+            if followed not in self._ready or (is_urgent and not self._is_urgent):
                 self._ready[followed] = None
+                self._is_urgent = self._is_urgent or is_urgent
                 self._has_work.notify()
 
     def follow(self, followed: FollowedRequest, opening: StreamEvent | None = None) -> None:
@@ -175,6 +123,7 @@ class OutputProcessor:
             followed.opening = opening
             if followed.pending or opening is not None:
                 self._ready[followed] = None
+                self._is_urgent = True  # its START event or first token
                 self._has_work.notify()
 
     def forget(self, followed: FollowedRequest) -> None:
@@ -189,13 +138,19 @@ class OutputProcessor:
         while True:
             with self._lock:
                 self._has_work.wait_for(lambda: self._ready or self._is_stopping)
+                self._wait_for_interval()
                 if not self._ready:
-                    return
+                    if self._is_stopping:
+                        return
+                    continue  # forgotten while the pass waited
                 taken = [(followed, followed.pending) for followed in self._ready]
-                for followed, _ in taken:
+                for followed, outputs in taken:
                     followed.pending = []
                     followed.is_in_pass = True
+                    followed.has_outputs_taken = followed.has_outputs_taken or bool(outputs)
                 self._ready = {}
+                self._is_urgent = False
+                self._last_pass_at = time.monotonic()
             try:
                 self._process(taken)
             except Exception as exc:  # a failure past one request's outputs fails the pass's requests, not the thread
@@ -208,6 +163,13 @@ class OutputProcessor:
                     for followed, _ in taken:
                         followed.is_in_pass = False
                     self._pass_ended.notify_all()
+
+    def _wait_for_interval(self) -> None:
+        """Holds the lock's caller until `stream_interval_s` has passed since the last pass started, an urgent output
+        arrives, or the processor stops."""
+        remaining_s = self._last_pass_at + self._interval_s - time.monotonic()
+        if remaining_s > 0:
+            self._has_work.wait_for(lambda: self._is_urgent or self._is_stopping, timeout=remaining_s)
 
     def _process(self, taken: list[tuple[FollowedRequest, list[EngineOutput]]]) -> None:
         """One transaction writes the pass's events, so a failed write fails every request that had events in it."""

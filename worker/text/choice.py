@@ -34,6 +34,18 @@ class ChoiceDelta:
     text_offset: int = 0  # where the first of `logprobs` starts in the choice's text
     prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM's, on the choice's first delta
 
+    def followed_by(self, later: ChoiceDelta) -> ChoiceDelta:
+        """This delta and the next of the same choice as one: what a client reads from both, in order."""
+        return ChoiceDelta(
+            self.text + later.text,
+            self.token_ids + later.token_ids,
+            self.logprobs + later.logprobs,
+            later.finish_reason,
+            self.tool_calls + later.tool_calls,
+            self.text_offset,
+            self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+        )
+
 
 @dataclass(frozen=True)
 class PromptShow:
@@ -86,14 +98,16 @@ class Choice:
         self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
         self.num_proposed_tokens = max(self.num_proposed_tokens, output.num_proposed_tokens)
         self.num_accepted_tokens = max(self.num_accepted_tokens, output.num_accepted_tokens)
-        entries = logprob_entries(tokenizer, output.logprobs)
+        # a token's output with neither logprobs nor a prompt to show (almost every one) skips their bookkeeping
+        entries = logprob_entries(tokenizer, output.logprobs) if output.logprobs else []
         text, prompt_logprobs = "", None
         if self.prompt is not None:  # the first output: the prompt's scores come with it
             text, prompt_entries, prompt_logprobs = self._show_prompt(self.prompt, output, tokenizer)
             entries = prompt_entries + entries
         text_offset = self.text_offset
-        self.text_offset += sum(len(entry["token"]) for entry in entries)
-        self.logprobs.extend(entries)
+        if entries:
+            self.text_offset += sum(len(entry["token"]) for entry in entries)
+            self.logprobs.extend(entries)
         text += self.text_stream.push(output.new_token_ids, output.finish_reason == FinishReason.STOP)
         if self.text_stream.is_stopped:
             self.finish_reason = FinishReason.STOP
@@ -101,9 +115,10 @@ class Choice:
             text += self.text_stream.flush()
             self.finish_reason = output.finish_reason
         if self.tool_calls is None:
-            delta = ChoiceDelta(text, output.new_token_ids, entries, self.finish_reason)
-        else:
-            delta = self._tool_call_delta(text, output.new_token_ids, entries)
+            return ChoiceDelta(
+                text, output.new_token_ids, entries, self.finish_reason, [], text_offset, prompt_logprobs
+            )
+        delta = self._tool_call_delta(text, output.new_token_ids, entries)
         return dataclasses.replace(delta, text_offset=text_offset, prompt_logprobs=prompt_logprobs)
 
     def _show_prompt(

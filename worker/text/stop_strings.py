@@ -19,6 +19,8 @@ class StopStringMatcher:
         """Returns (text safe to emit now, whether a stop string has been reached)."""
         if self.is_stopped:
             return "", True
+        if not self._stops:  # most requests: nothing to find or hold back
+            return new_text, False
         text = self._held + new_text
         stop_at = self._find_first_stop(text)
         if stop_at is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import threading
@@ -145,11 +146,70 @@ def test_outputs_before_and_after_follow_reach_each_stream_in_order(
 
     assert first.failure is None and first.error is None and first.has_ended
     first_events = events(client, config, first)
-    assert [event.type for event in first_events] == [EventType.DELTA, EventType.DELTA]
+    assert first_events and all(event.type == EventType.DELTA for event in first_events)
     assert [token_id for event in first_events for token_id in event.token_ids] == ids
     assert "".join(event.text for event in first_events) == tokenizer.decode(ids)
     second_events = events(client, config, second)
     assert [(event.index, event.finish_reason) for event in second_events] == [(1, FinishReason.STOP), (0, None)]
+
+
+def test_a_requests_outputs_that_arrive_together_are_one_event(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    processor, client = start(processors, config, tokenizer, GatedProcessor)
+    holder, followed = followed_request(tokenizer), followed_request(tokenizer, n=2)
+    ids = tokenizer.encode(" a small dog runs", add_special_tokens=False)
+    first, second = followed.choices
+    processor.follow(followed)
+    # while the holder's pass waits, the two choices' outputs queue up, interleaved, for the next pass
+    put_during_a_pass(
+        processor, holder, EngineOutput(holder.request.request_id, [1]), EngineOutput(holder.request.request_id, [2])
+    )
+    for token_id in ids:
+        processor.put(followed, EngineOutput(first, [token_id]))
+        processor.put(followed, EngineOutput(second, [token_id]))
+    processor.put(followed, EngineOutput(second, [], FinishReason.LENGTH))
+    processor.gate.set()
+    assert not followed.done.wait(0.5)  # choice 0 has not ended
+    written = events(client, config, followed)
+    assert [(event.index, event.token_ids, event.finish_reason) for event in written] == [
+        (0, ids, None),
+        (1, ids, FinishReason.LENGTH),
+    ]
+    assert [event.text for event in written] == [tokenizer.decode(ids)] * 2
+
+
+def test_tokens_between_a_first_token_and_the_end_wait_for_the_stream_interval(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    """A stream's first token and its end go out at once; the tokens between, once per `stream_interval_s`."""
+    processor, client = start(processors, dataclasses.replace(config, stream_interval_s=60.0), tokenizer)
+    followed = followed_request(tokenizer)
+    request_id = followed.request.request_id
+    ids = tokenizer.encode(" a small dog runs", add_special_tokens=False)
+    processor.follow(followed)
+    processor.put(followed, EngineOutput(request_id, ids[:1]))
+    assert wait_for_events(client, config, followed, 1)
+    for token_id in ids[1:]:
+        processor.put(followed, EngineOutput(request_id, [token_id]))
+    time.sleep(0.3)
+    assert len(events(client, config, followed)) == 1
+    processor.put(followed, EngineOutput(request_id, [], FinishReason.LENGTH))
+    assert followed.done.wait(10)
+    written = events(client, config, followed)
+    assert [(event.token_ids, event.text) for event in written] == [
+        (ids[:1], tokenizer.decode(ids[:1])),
+        (ids[1:], tokenizer.decode(ids)[len(tokenizer.decode(ids[:1])) :]),
+    ]
+
+
+def wait_for_events(client: redis.Redis, config: Config, followed: FollowedRequest, count: int) -> bool:
+    deadline = time.monotonic() + 10
+    while len(events(client, config, followed)) < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_the_opening_event_goes_out_first_with_the_outputs_waiting_or_alone(
@@ -198,11 +258,12 @@ def test_a_streamed_requests_deltas_carry_the_chunks_its_client_gets_and_others_
     for fields in entries:
         event = StreamEvent.from_dict(json.loads(fields[b"event"]))
         assert fields[b"chunks"].decode() == encode_chunks(meta, event)
-        chunk = json.loads(fields[b"chunks"])  # one token's DELTA: one chunk, its ids and text in the client's shape
+        chunk = json.loads(fields[b"chunks"])  # a DELTA: one chunk, its ids and text in the client's shape
         assert chunk["id"] == streamed.request.request_id and chunk["object"] == "text_completion"
         assert chunk["choices"][0]["token_ids"] == event.token_ids and chunk["choices"][0]["text"] == event.text
     other = RedisKeys(config.redis_prefix).request_stream(unstreamed.request.request_id)
-    assert [set(fields) for _, fields in client.xrange(other)] == [{b"event"}, {b"event"}]
+    unstreamed_entries = [set(fields) for _, fields in client.xrange(other)]
+    assert unstreamed_entries and all(fields == {b"event"} for fields in unstreamed_entries)
 
 
 def test_an_events_json_is_what_its_dict_encodes_to() -> None:
