@@ -56,7 +56,7 @@ class StreamClient:
         self._loop = asyncio.new_event_loop()
         # no cap on connections: a round's streams all start at once, each on a connection of its own
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        self._client = self._loop.run_until_complete(_new_client(limits))
+        self._client = httpx.AsyncClient(limits=limits, timeout=600)  # used on self._loop only
 
     def __enter__(self) -> StreamClient:
         return self
@@ -104,11 +104,6 @@ class StreamClient:
 
     async def read_stream(self, response: httpx.Response, request: BenchRequest, start: float) -> StreamTiming:
         return await _read(response, request, start)
-
-
-async def _new_client(limits: httpx.Limits) -> httpx.AsyncClient:
-    """Made on the client's own loop, the one every round runs on."""
-    return httpx.AsyncClient(limits=limits, timeout=600)
 
 
 def _retry_after_s(headers: httpx.Headers) -> float:
