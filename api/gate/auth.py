@@ -13,10 +13,11 @@ import logging
 from dataclasses import dataclass
 from typing import NoReturn
 
-from flask import g, request
+from flask import current_app, g, request
 
 from api.errors import APIError
 from api.gate.exposure import is_loopback
+from api.gate.trusted_keys import TrustedKeys
 from api.services import db_session, services
 from tasks.store.api_keys import Scope, find_key, has_active_keys, key_digest, touch_key
 from tasks.store.tenants import DEFAULT_TENANT
@@ -93,13 +94,21 @@ def _principal_for(key: str) -> Principal | None:
     # Digests in constant time: neither the time taken nor the length compared depends on what the caller sent.
     if static_key and hmac.compare_digest(key_digest(static_key), key_digest(key)):
         return Principal(DEFAULT_TENANT, Scope.ADMIN, STATIC_KEY_NAME)
+    # a key looked up lately is trusted for a second (api/gate/trusted_keys.py): the bound on a revocation's delay
+    trusted: TrustedKeys[Principal] = current_app.extensions.setdefault("trusted_keys", TrustedKeys())
+    digest = key_digest(key)
+    principal = trusted.get(digest)
+    if principal is not None:
+        return principal
     session = db_session()
     record = find_key(session, key)
     if record is None:
         return None
     touch_key(session, record)
     session.commit()  # ends the lookup's transaction: its pooled connection goes back before the view runs
-    return Principal(record.tenant, Scope(record.scope), record.name)
+    principal = Principal(record.tenant, Scope(record.scope), record.name)
+    trusted.trust(digest, principal)
+    return principal
 
 
 def _is_open() -> bool:

@@ -154,6 +154,7 @@ def interleaved_rounds(
             )
     finally:
         engine.close()
+        client.close()
     return engine_results, service_results, peer_results
 
 
@@ -168,16 +169,17 @@ def load_rounds(stack: Stack, args: argparse.Namespace) -> dict[int, list[LoadRo
         return random_prompts(config, WorkloadSpec(num_requests, *lengths, seed=next(seeds)))
 
     results = {}
-    client.run_round(prompts(1))  # warm-up
-    for level in args.concurrency_levels:
-        results[level] = []
-        for _ in range(args.rounds):
-            timing = client.run_round(prompts(level))
-            ttfts = [stream.ttft_s for stream in timing.streams]
-            results[level].append(
-                LoadRound(timing.tokens_per_s, percentile(ttfts, 50) * 1e3, percentile(ttfts, 99) * 1e3)
-            )
-        logger.info("%d streams at once: %s", level, results[level])
+    with client:
+        client.run_round(prompts(1))  # warm-up
+        for level in args.concurrency_levels:
+            results[level] = []
+            for _ in range(args.rounds):
+                timing = client.run_round(prompts(level))
+                ttfts = [stream.ttft_s for stream in timing.streams]
+                results[level].append(
+                    LoadRound(timing.tokens_per_s, percentile(ttfts, 50) * 1e3, percentile(ttfts, 99) * 1e3)
+                )
+            logger.info("%d streams at once: %s", level, results[level])
     return results
 
 
@@ -282,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 hf_serve_peer.running_peer(config.model, config.cpu_threads, config.max_num_batched_tokens, kv_tokens)
             )
             peer = hf_serve_peer.PeerStreamClient(server, requests)
+            peer_scope.callback(peer.close)
         engine, service, peer_rounds = interleaved_rounds(config, stack, requests, args.rounds, peer)
     report = f"{table(engine, service, peer_rounds)}\n\nmachine: {cpu_description()}, load average {os.getloadavg()}"
     if peer_skipped is not None:

@@ -2,6 +2,11 @@
 reading raw SSE lines, so that the measuring client costs little beside the service it measures (the `openai` client,
 a thread per stream, parsed every chunk into objects and took a large share of the two cores).
 
+The loop and the pool last from the client's first round to its `close()`, so a round's streams reuse the
+connections the rounds before opened, as the `openai` and httpx clients of a running application do: a TTFT here is a
+request's, not a TCP handshake's and a new connection's accept in the server. A round wider than every one before
+opens the connections it lacks.
+
 A stream asks for `return_token_ids`, so every token makes a chunk whether or not it adds text (a random-init model's
 tokens rarely do): the first token's time is its first chunk with token ids, and the tokens are counted from the
 usage chunk and checked against the ids received.
@@ -19,6 +24,9 @@ import httpx
 from bench.workload import BenchRequest
 
 ADMISSION_RETRIES = 4  # a 429 (a burst wider than the admission gate's slots) is retried after its hint, as openai does
+# How long an idle connection is kept for the next round: longer than an engine round between two service rounds.
+# The server may close it sooner (gunicorn's keepalive here is 30 s); httpx then opens a new one for the next request.
+KEEPALIVE_EXPIRY_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -39,21 +47,36 @@ class RoundTiming:
 
 
 class StreamClient:
+    """One loop and one connection pool for all its rounds; `close()` (or leaving its `with`) closes both."""
+
     def __init__(self, base_url: str, api_key: str, model: str) -> None:
         self._url = f"{base_url}/v1/completions"
         self._headers = {"Authorization": f"Bearer {api_key}"}
         self._model = model
+        self._loop = asyncio.new_event_loop()
+        # no cap on connections: a round's streams all start at once, each on a connection of its own
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        self._client = httpx.AsyncClient(limits=limits, timeout=600)  # used on self._loop only
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self._client.aclose())
+            self._loop.close()
 
     def run_round(self, requests: list[BenchRequest]) -> RoundTiming:
         """Every request streamed at once."""
-        return asyncio.run(self._round(requests))
+        return self._loop.run_until_complete(self._round(requests))
 
     async def _round(self, requests: list[BenchRequest]) -> RoundTiming:
-        limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=len(requests))
-        async with httpx.AsyncClient(limits=limits, timeout=600) as client:
-            cpu_start, start = time.process_time(), time.perf_counter()
-            streams = await asyncio.gather(*(self._stream(client, request, start) for request in requests))
-            return RoundTiming(time.perf_counter() - start, time.process_time() - cpu_start, list(streams))
+        cpu_start, start = time.process_time(), time.perf_counter()
+        streams = await asyncio.gather(*(self._stream(self._client, request, start) for request in requests))
+        return RoundTiming(time.perf_counter() - start, time.process_time() - cpu_start, list(streams))
 
     async def _stream(self, client: httpx.AsyncClient, request: BenchRequest, start: float) -> StreamTiming:
         body = self.request_body(request)

@@ -5,7 +5,7 @@
     python -m scripts.cli.api_keys revoke NAME
 
 The key is shown once, on stdout (so `export STEERBATCH_API_KEY=$(python -m scripts.cli.api_keys create ...)` works);
-the database keeps only its SHA-256 digest. A revoked key is refused from the api's next request on.
+the database keeps only its SHA-256 digest. A revoked key is refused by the api within a second.
 """
 
 from __future__ import annotations

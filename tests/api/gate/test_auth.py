@@ -5,6 +5,7 @@ both ends are loopback, API_KEY as a static admin key, scopes, the tenant's own 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import redis
 
 from api.app import create_app
+from api.gate.trusted_keys import KEY_TRUSTED_FOR_S
 from tasks.config import Config
 from tasks.steering_store import publish_saes, read_profile
 from tasks.store.api_keys import ApiKeyRecord, Scope, create_key, revoke_key
@@ -67,6 +69,18 @@ def test_open_mode_lasts_only_while_no_key_exists(config: Config) -> None:
     revoke(config, "first")
     assert client.get("/v1/models", headers=bearer(key)).status_code == 200  # open again: no key is left
     assert client.get("/health").status_code == 200
+
+
+def test_a_revoked_key_is_refused_within_its_bound(config: Config) -> None:
+    """A key's lookup is trusted for KEY_TRUSTED_FOR_S (api/gate/trusted_keys.py), no longer: once that has passed
+    since its revocation, the key is refused, though it was served just before."""
+    client = create_app(config).test_client()
+    key = bearer(new_key(config, "soon-revoked"))
+    new_key(config, "staying")  # so that the revocation does not open the api to any caller again
+    assert client.get("/v1/models", headers=key).status_code == 200
+    revoke(config, "soon-revoked")
+    time.sleep(KEY_TRUSTED_FOR_S)
+    assert client.get("/v1/models", headers=key).get_json()["error"]["code"] == "invalid_api_key"
 
 
 def test_open_mode_never_serves_beyond_loopback(config: Config) -> None:
