@@ -31,7 +31,12 @@ from worker.text.choice import Choice, engine_request_id, start_choice
 from worker.text.steering_report import SteeringReport
 
 logger = logging.getLogger(__name__)
-ENGINE_CHECK_S = 0.05  # how often a request's thread checks that the engine still runs
+# How often a request's thread checks that the engine and the output processor still run (they end its wait at once
+# when it finishes). At 0.05 s, 32 waiting threads woke 640 times a second, each taking the GIL from the engine
+# thread; at 0.5 s, in three alternated pairs of 32-stream rounds (`--concurrency-levels 32 --rounds 6`, idle
+# machine), throughput was higher and first tokens sooner in all three: 2,048/2,110, 1,887/2,741 and 2,152/2,197
+# tok/s, TTFT p50 498/483, 495/356 and 453/436 ms. A dead engine fails its requests within half a second.
+ENGINE_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
