@@ -16,7 +16,8 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
 		|| $(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e ".[dev]"
+	# the gptq extra: GPTQ and AWQ served and tested on CPU (pyproject.toml says what it builds and pins)
+	$(PY) -m pip install -q -e ".[dev,gptq]"
 	touch $(INSTALLED)
 
 model: $(INSTALLED)
