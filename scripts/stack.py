@@ -18,7 +18,7 @@ from typing import IO
 import redis
 import requests
 
-from tasks.config import EMBEDDED_REDIS_PORT, REPO_ROOT, Config
+from tasks.config import REPO_ROOT, Config
 from tasks.store.api_keys import Scope, replace_key
 from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.streams.worker_leases import num_live_workers
@@ -96,7 +96,7 @@ class Stack:
 
         data_dir = REPO_ROOT / "var" / "redis"
         data_dir.mkdir(parents=True, exist_ok=True)
-        port = str(EMBEDDED_REDIS_PORT)
+        port = str(self.config.embedded_redis_port)
         command = [redis_server, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self._start("redis", [*command, "--dir", str(data_dir)])
         _wait_until(lambda: redis.Redis.from_url(self.config.redis_url).ping(), 15.0, "embedded redis")

