@@ -76,7 +76,9 @@ def check_steps(device: str, out_dir: Path, scratch: Path, model_dir: Path) -> l
     on_cuda = device == "cuda"
     engine_bench = ["--size", "1b"] if on_cuda else ["--size", "tiny", "--dtype", "float32", "--batches", "1,2"]
     engine_bench += [] if on_cuda else ["--output-len", "4", "--prompt-len", "4", "8", "--poisson-requests", "3"]
+    # on a CPU the step is the check's smoke run: HF's server as a peer has its own test (tests/bench/service)
     service_bench = ["--num-requests", "64", "--rounds", "2"] if on_cuda else ["--num-requests", "4", "--rounds", "1"]
+    service_bench += [] if on_cuda else ["--no-peer"]
     service_bench += ["--output-len", "128" if on_cuda else "4", "--model", str(model_dir)]
     return [
         pytest_step("a", "gpu tests: kernels, attention backends, greedy == HF, one wait a step", KERNEL_TEST_FILES,
