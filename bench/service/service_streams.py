@@ -192,7 +192,7 @@ def table(engine: list[Measured], service: list[Measured], peer: list[Measured])
     for label, rounds in [*sides, *([(PEER_LABEL, peer)] if peer else [])]:
         rates = ", ".join(f"{r.tokens_per_s:.0f}" for r in rounds)
         ttfts = ", ".join(f"{r.ttft_p50_ms:.1f}" for r in rounds)
-        cpu = ", ".join(f"{r.client_cpu_s:.2f}" for r in rounds) if label != "engine in process" else "—"
+        cpu = ", ".join(f"{r.client_cpu_s:.3f}" for r in rounds) if label != "engine in process" else "—"
         median_rate = statistics.median(r.tokens_per_s for r in rounds)
         median_ttft = statistics.median(r.ttft_p50_ms for r in rounds)
         lines.append(f"| {label} | {rates} | {median_rate:.0f} | {ttfts} | {median_ttft:.1f} | {cpu} |")
