@@ -48,12 +48,23 @@ class RedisKeys:
         return f"{self.prefix}workers:model:{model}"
 
 
+# Connections beyond one per open client connection of the api: its stream hub, reapers and watchers
+POOL_HEADROOM = 64
+POOL_WAIT_S = 10.0  # how long a caller waits for a free connection before the call fails
+
+
 def connect_redis(config: Config, *, block_s: float = 0.0) -> redis.Redis:
-    """A client whose reads outlast the longest XREAD block we issue."""
-    return redis.Redis.from_url(
+    """A client whose reads outlast the longest XREAD block we issue. Its pool holds as many connections as the api
+    has client connections, and a caller past that waits for one: redis-py's default pool (100 connections in
+    redis-py 8.1) failed calls with "Too many connections" when a burst of 500 streams had more greenlets in Redis at
+    once."""
+    pool = redis.BlockingConnectionPool.from_url(
         config.redis_url,
+        max_connections=config.api_connections + POOL_HEADROOM,
+        timeout=POOL_WAIT_S,
         decode_responses=True,
         socket_connect_timeout=2,
         socket_timeout=block_s + 10,
         health_check_interval=30,
     )
+    return redis.Redis.from_pool(pool)  # closing the client closes its pool

@@ -23,6 +23,7 @@ from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
 
 NUM_LINES = 24
+LONG_LINE = 400  # tokens of each of the last two thirds of the lines
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -119,17 +120,22 @@ def _line_length(index: int) -> int:
     """Short lines first, so some finish early, then long ones: however fast the machine, the kill that follows the
     ledger read lands while lines are still running (with short lines throughout, the last ones could finish between
     the read and the kill)."""
-    return 60 + 10 * (index % 4) if index < NUM_LINES // 3 else 400
+    return 60 + 10 * (index % 4) if index < NUM_LINES // 3 else LONG_LINE
 
 
 def _wait_until_mid_batch_and_mid_line(stack: Stack, batch_id: str) -> None:
-    """One ledger read shows both finished lines and a running one (two separate polls could see them at different
-    moments of the batch)."""
+    """One ledger read shows both finished lines and a running long one (two separate polls could see them at
+    different moments of the batch; a running short line may be at its last token, and the long ones not yet
+    started)."""
     deadline = time.monotonic() + 90
     while True:
-        statuses = [row.status for row in ledger(stack, batch_id)]
+        rows = ledger(stack, batch_id)
+        statuses = [row.status for row in rows]
         finished = sum(status == LineStatus.COMPLETED.value for status in statuses)
-        if finished >= 6 and LineStatus.RUNNING.value in statuses:
+        is_long_running = any(
+            row.status == LineStatus.RUNNING.value and _line_length(row.line_no - 1) == LONG_LINE for row in rows
+        )
+        if finished >= 6 and is_long_running:
             return
         assert time.monotonic() < deadline, f"no moment with 6 finished lines and a running one: {statuses}"
         time.sleep(0.02)
