@@ -34,7 +34,8 @@ def events(stack: Stack, request_id: str, last_event_id: str | None) -> list[Fra
 
 
 def test_resume_after_any_frame_gives_exactly_the_rest(stack: Stack) -> None:
-    with start_stream(stack, max_tokens=20) as response:
+    # long enough, whatever the weights, for several entries: a stream's tokens go out every STREAM_INTERVAL_S
+    with start_stream(stack, max_tokens=120, ignore_eos=True) as response:
         original = data_frames(list(read_frames(response)))
     request_id = original[0].json["id"]
     assert events(stack, request_id, None) == original
