@@ -5,7 +5,6 @@ before anything is recorded; an admitted request carries the key's x-ratelimit-*
 from __future__ import annotations
 
 import math
-import time
 
 import redis
 from flask import g
@@ -17,7 +16,7 @@ from api.observability.api_metrics import count_rejection
 from tasks.config import Config
 from tasks.rate_limits import Budget, RateDecision, charge
 from tasks.store.models import RequestRecord, RequestStatus
-from tasks.streams.redis_keys import RedisKeys
+from tasks.streams.worker_leases import count_live_workers
 
 NO_WORKER_RETRY_AFTER_S = 5  # a supervisor restarts a dead worker within seconds; loading a model takes longer
 QUEUE_FULL_RETRY_AFTER_S = 1
@@ -64,7 +63,7 @@ def _workers_and_queue(client: redis.Redis, config: Config, model: str) -> tuple
     """The model's live workers and the tasks waiting on its interactive queue, in one round trip: the first thing
     admission asks Redis, so a Redis that is down is a 503 before anything is written."""
     with client.pipeline(transaction=False) as pipe:
-        pipe.zcount(RedisKeys(config.redis_prefix).live_workers_of(model), time.time(), "+inf")
+        count_live_workers(pipe, config, model)
         pipe.llen(config.interactive_queue_of(model))  # Celery's Redis transport keeps a queue's tasks in one list
         num_workers, num_queued = pipe.execute()
     return int(num_workers), int(num_queued)

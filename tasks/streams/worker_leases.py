@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -36,9 +37,14 @@ def renew_worker_lease(client: redis.Redis, config: Config, worker: str) -> None
 
 def num_live_workers(client: redis.Redis, config: Config, model: str | None = None) -> int:
     """Workers alive now, of every model or of `model`, in one call."""
+    return int(count_live_workers(client, config, model))
+
+
+def count_live_workers(commands: redis.Redis | redis.client.Pipeline, config: Config, model: str | None = None) -> Any:
+    """`num_live_workers`'s one command, on a client (the count) or queued on a pipeline (the pipeline)."""
     keys = RedisKeys(config.redis_prefix)
     registry = keys.live_workers() if model is None else keys.live_workers_of(model)
-    return int(client.zcount(registry, time.time(), "+inf"))
+    return commands.zcount(registry, time.time(), "+inf")
 
 
 def live_workers(client: redis.Redis, config: Config) -> list[LiveWorker]:
