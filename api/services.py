@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from celery import Celery
@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from api.errors import APIError
 from api.gate.admission_slots import AdmissionGate
+from api.gate.trusted_keys import TrustedKeys
 from api.models.model_info import ModelInfo
 from api.streaming.stream_hub import StreamHub
 from tasks.config import Config
@@ -27,6 +28,8 @@ class Services:
     models: dict[str, ModelInfo]  # the served models by name, the default one first
     started_at: int
     admission_gate: AdmissionGate  # the generation requests this process admits at once
+    # the principals of keys found in SQL in the last second (api/gate/auth.py)
+    trusted_keys: TrustedKeys = field(default_factory=TrustedKeys)
 
     @property
     def model_info(self) -> ModelInfo:

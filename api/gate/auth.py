@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import NoReturn
 
-from flask import current_app, g, request
+from flask import g, request
 
 from api.errors import APIError
 from api.gate.exposure import is_loopback
@@ -95,7 +95,7 @@ def _principal_for(key: str) -> Principal | None:
     if static_key and hmac.compare_digest(key_digest(static_key), key_digest(key)):
         return Principal(DEFAULT_TENANT, Scope.ADMIN, STATIC_KEY_NAME)
     # a key looked up lately is trusted for a second (api/gate/trusted_keys.py): the bound on a revocation's delay
-    trusted: TrustedKeys[Principal] = current_app.extensions.setdefault("trusted_keys", TrustedKeys())
+    trusted: TrustedKeys[Principal] = services().trusted_keys
     digest = key_digest(key)
     principal = trusted.get(digest)
     if principal is not None:
