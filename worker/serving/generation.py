@@ -23,6 +23,7 @@ from tasks.messages.generation import (
 from tasks.messages.steering import SteeringSource, SteeringSpec
 from tasks.steering_store import profile_keys, steering_of_profiles
 from tasks.store.finish import RESULT_NOT_RECORDED, finish_request
+from tasks.streams.cancel_flags import is_cancel_requested
 from tasks.streams.redis_keys import RedisKeys
 from worker.serving.cancel_watcher import CancelWatcher
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
@@ -152,10 +153,10 @@ class GenerationHandler(TaskRunner):
         in line after the claim. The worker reads the profiles when the request runs rather than the api when it is
         submitted, so a PUT applies at once, to queued requests too, and the api's hot path makes no extra Redis read.
         A flag set after this read is the cancel watcher's, which reads every watched request's flag as it watches."""
-        cancel_flag = RedisKeys(self.config.redis_prefix).cancel_flag(request.request_id)
         if request.steering is not None:
-            (flag,) = self.redis.mget([cancel_flag])
-            return request.steering, SteeringSource.REQUEST, flag is not None
+            is_cancelled = is_cancel_requested(self.redis, self.config, request.request_id)
+            return request.steering, SteeringSource.REQUEST, is_cancelled
+        cancel_flag = RedisKeys(self.config.redis_prefix).cancel_flag(request.request_id)
         own, worker_wide, flag = self.redis.mget([*profile_keys(self.config, request.tenant), cancel_flag])
         return *steering_of_profiles(own, worker_wide), flag is not None
 
