@@ -27,11 +27,16 @@ from pathlib import Path
 
 import torch
 
+from bench.random_model import SIZES
 from worker.kernels.int8_matmul_kernel import load_int8_matmul_kernel
 
 logger = logging.getLogger("bench.quantization.kernel_timing")
 
-HIDDEN, INTERMEDIATE, HEAD_DIM, HEADS, KV_HEADS, LAYERS = 576, 1536, 64, 9, 3, 30  # SmolLM-135M
+SIZE = SIZES["135m"]  # the benchmark's 135M model: SmolLM-135M's shape
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, LAYERS = (
+    SIZE.hidden_size, SIZE.intermediate_size, SIZE.num_heads, SIZE.num_kv_heads, SIZE.num_layers
+)  # fmt: skip
+HEAD_DIM = HIDDEN // HEADS
 # (in, out) of q, k, v, o, gate, up, down
 LAYER_SHAPES = (
     (HIDDEN, HEADS * HEAD_DIM),
