@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from scripts.quantize_gptqmodel import GPTQMODEL_FORMATS, quantize_with_gptqmodel
+from scripts.quantize_gptqmodel import GPTQMODEL_FORMATS, GROUP_SIZE, quantize_with_gptqmodel
 from worker.engine.loading.quantization import LOAD_TIME_METHODS
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,6 @@ COMPRESSED_TENSORS_PRESETS = {
     "compressed_tensors_fp8": "FP8_DYNAMIC",
 }
 METHODS = (*LOAD_TIME_METHODS, *COMPRESSED_TENSORS_PRESETS, *GPTQMODEL_FORMATS)
-GROUP_SIZE = 32  # of grouped int4 weights: divides the tiny model's (128, 352) and the 135M model's widths
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
