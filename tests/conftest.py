@@ -34,9 +34,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-# The modules that take longest (each over 30 s on an idle 2-core machine), longest first. `make test` runs two
-# processes handing out a module at a time in collection order: started first, these no longer leave one process
-# working alone at the end while the other is idle.
+# The modules that take longest (each over 30 s on an idle 2-core machine), longest first. `make test`'s processes
+# take a module at a time in collection order: started first, these no longer leave one process working alone at the
+# end while the others are idle.
 LONGEST_MODULES = (
     "tests/worker/engine/attention/test_engine_attention_variants.py",
     "tests/scripts/test_gpu_check.py",
