@@ -37,6 +37,7 @@ from worker.engine.speculation.allowance import speculation_allowance
 from worker.engine.speculation.draft_models import load_proposers
 from worker.engine.speculation.speculator import Allowance, Speculator
 from worker.engine.stats import EngineLoad, EngineStats
+from worker.kernels.openmp_pool import release_thread_pool
 from worker.steering.request_sae import resolve_request_sae, resolve_steering
 from worker.steering.worker_monitor import WorkerMonitor
 
@@ -65,6 +66,9 @@ class ContinuousEngine:
     # --- any thread ---
 
     def start(self) -> None:
+        # The calling thread loaded the model; its OpenMP team would leave the engine thread's asleep between
+        # parallel regions (worker/kernels/openmp_pool.py)
+        release_thread_pool()
         self._thread.start()
 
     def is_alive(self) -> bool:
