@@ -85,3 +85,18 @@ def test_a_torchao_int8_model_runs_its_linears_on_the_kernel(tiny_config: Config
         x = torch.randn(3, module.in_features)
         with torch.no_grad():
             assert_sums_close(module(x), torch.nn.functional.linear(x, module.weight, module.bias))
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler (cc) to build the kernel")
+def test_a_compiled_graph_keeps_the_kernel_as_one_op(tiny_config: Config) -> None:
+    """Under torch.compile a linear on the kernel is the custom op `steerbatch::int8_weight_linear`, traced without a
+    graph break (a ctypes call breaks the graph, and the engine's warm compiled forward refuses the recompile that
+    follows), and computes what eager does."""
+    runner = load_runner(dataclasses.replace(tiny_config, quantization="torchao_int8"))
+    module = next(module for module in runner.model.modules() if hasattr(module, "int8_codes"))
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break is an error
+    for rows in (1, 5):
+        x = torch.randn(2, rows, module.in_features)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), module(x), rtol=0, atol=0)
