@@ -21,6 +21,7 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from bench.metrics import RequestTrace, RunResult
 from bench.workload import BenchRequest, Feeder
+from worker.kernels.openmp_pool import release_thread_pool
 
 try:  # the manager's configuration as transformers 5.24 names it; a GPU machine may hold an older 5.x
     from transformers import ContinuousBatchingConfig
@@ -94,6 +95,9 @@ class HFContinuousBatching:
             continuous_batching_config=size_config(sizing_requests, max_batch_tokens, max_requests),
             workload_hints=workload_hints(sizing_requests),
         )
+        # The condition our engine starts in: the loading thread's OpenMP team handed back, so that the manager's
+        # thread is not the one whose team sleeps between parallel regions (worker/kernels/openmp_pool.py)
+        release_thread_pool()
         self._manager.start()
 
     def run(self, workload: str, requests: list[BenchRequest]) -> RunResult:
