@@ -46,6 +46,8 @@ class Config:
     # worker, the one process that makes tokens, whenever anything else shares its cores.
     worker_nice: int = 0
     max_num_seqs: int = 32  # requests the engine runs at once
+    # The engine in a process of its own, so that the worker's threads and the engine thread do not share one GIL
+    engine_process: bool = True
     max_num_batched_tokens: int = 2048  # tokens per forward pass: the step's budget, decodes and prefill chunks
     prefill_chunk_size: int = 512  # a long prompt is prefilled this many tokens per step, so decodes keep flowing
     kv_block_size: int = 0  # tokens per KV block; 0: 256 for flash-attn's paged kernels, else 16

@@ -21,7 +21,9 @@ from tasks.reapers.request_reaper import RequestReaper, reaper_interval_s
 from tasks.store.db import make_db_engine, make_session_factory
 from tasks.streams.redis_keys import connect_redis
 from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.model_facts import ModelFacts
 from worker.engine.model_runner import ModelRunner
+from worker.engine_process.client import EngineProcess
 from worker.serving.bulk import BulkRuntime, start_bulk
 from worker.serving.embeddings.handler import EmbeddingHandler
 from worker.serving.generation import GenerationHandler
@@ -39,10 +41,10 @@ celery.conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for nam
 
 @dataclass
 class WorkerRuntime:
-    engine: ContinuousEngine
+    engine: ContinuousEngine | EngineProcess
     handler: GenerationHandler
     lease: WorkerLease
-    steering: SteeringSync
+    steering: SteeringSync | None  # None: it runs in the engine's process
     reaper: PeriodicThread
 
 
@@ -55,9 +57,7 @@ _embeddings: list[EmbeddingHandler] = []  # the same, for embeddings requests
 def load_model(sender: WorkController, **_: object) -> None:
     configure_logging(config)
     worker = incarnation_name(sender.hostname)
-    runner = ModelRunner(config)
-    engine = ContinuousEngine(runner, config)
-    engine.start()
+    engine, facts, steering = start_engine(worker)
     client = connect_redis(config)
     metrics = ServingMetrics()
     metrics.registry.register(EngineCollector(engine))
@@ -75,12 +75,10 @@ def load_model(sender: WorkController, **_: object) -> None:
         config,
         worker,
         is_healthy=engine.is_alive,
-        read_stats=lambda: worker_stats(worker, config.model_name, runner, engine, metrics.registry),
+        read_stats=lambda: worker_stats(worker, config.model_name, facts, engine, metrics.registry),
         on_error=metrics.count_error,
     )
     lease.start()
-    steering = SteeringSync(client, config, worker, engine, runner.saes)
-    steering.start()
     request_reaper = RequestReaper(handler.sessions, client, config)
     reaper = PeriodicThread("request-reaper", reaper_interval_s(config), request_reaper.reap_once)
     reaper.start()
@@ -91,6 +89,19 @@ def load_model(sender: WorkController, **_: object) -> None:
     logger.info("worker %s ready: %s, up to %d requests per batch", worker, config.model_name, config.max_num_seqs)
 
 
+def start_engine(worker: str) -> tuple[ContinuousEngine | EngineProcess, ModelFacts, SteeringSync | None]:
+    """The engine, in a process of its own (which runs the steering sync beside it) or in this one."""
+    if config.engine_process:
+        engine = EngineProcess(config, worker)
+        return engine, engine.facts, None
+    runner = ModelRunner(config)
+    in_process = ContinuousEngine(runner, config)
+    in_process.start()
+    steering = SteeringSync(connect_redis(config), config, worker, in_process, runner.saes)
+    steering.start()
+    return in_process, ModelFacts.of(runner, in_process), steering
+
+
 @worker_shutdown.connect
 def stop_engine(**_: object) -> None:
     for bulk in _bulk:
@@ -99,7 +110,8 @@ def stop_engine(**_: object) -> None:
         runtime.engine.stop()  # first, so that the output processor still streams the aborts it sends
         runtime.handler.close()
         runtime.lease.stop()
-        runtime.steering.stop()
+        if runtime.steering is not None:
+            runtime.steering.stop()
         runtime.reaper.stop()
 
 

@@ -37,6 +37,11 @@ class EngineStats:
             "batch_size_histogram": {str(k): v for k, v in self.batch_size_histogram.items()},
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineStats:
+        histogram = {int(size): count for size, count in data["batch_size_histogram"].items()}
+        return cls(**{**data, "batch_size_histogram": histogram})
+
 
 @dataclass(frozen=True)
 class EngineLoad:
@@ -44,6 +49,15 @@ class EngineLoad:
     num_waiting_by_priority: dict[int, int]  # requests waiting for room in the batch or the KV pool
     num_free_blocks: int  # KV blocks no request holds (cached prefixes included: they are reclaimable)
     num_blocks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        waiting = {str(priority): count for priority, count in self.num_waiting_by_priority.items()}
+        return {**dataclasses.asdict(self), "num_waiting_by_priority": waiting}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineLoad:
+        waiting = {int(priority): count for priority, count in data["num_waiting_by_priority"].items()}
+        return cls(data["num_running"], waiting, data["num_free_blocks"], data["num_blocks"])
 
     @property
     def kv_cache_usage(self) -> float:

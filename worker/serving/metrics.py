@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -23,7 +24,10 @@ from tasks.messages.generation import FinishReason, GenerateRequest
 from tasks.streams.worker_stats import BULK, INTERACTIVE, METRIC_PREFIX, MetricFamily, WorkerStats
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import BULK_PRIORITY, INTERACTIVE_PRIORITY
-from worker.engine.model_runner import ModelRunner
+from worker.engine.model_facts import ModelFacts
+
+if TYPE_CHECKING:
+    from worker.engine_process.client import EngineProcess
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards and quantiles read the same
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -109,7 +113,7 @@ class ServingMetrics:
 class EngineCollector(Collector):
     """What the engine counts, read when collected: counters from its stats, gauges from its current load."""
 
-    def __init__(self, engine: ContinuousEngine) -> None:
+    def __init__(self, engine: ContinuousEngine | EngineProcess) -> None:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
@@ -153,10 +157,10 @@ def collect_families(registry: CollectorRegistry) -> list[MetricFamily]:
 
 
 def worker_stats(
-    worker: str, model: str, runner: ModelRunner, engine: ContinuousEngine, registry: CollectorRegistry
+    worker: str, model: str, facts: ModelFacts, engine: ContinuousEngine | EngineProcess, registry: CollectorRegistry
 ) -> WorkerStats:
     """What the lease thread publishes: `registry` holds the serving metrics and an EngineCollector of `engine`;
-    `runner` says how the model's weights and KV pool are stored."""
+    `facts` say how the model's weights and KV pool are stored."""
     load = engine.load()
     return WorkerStats(
         worker=worker,
@@ -170,7 +174,7 @@ def worker_stats(
         kv_cache_usage=load.kv_cache_usage,
         engine=engine.stats.to_dict(),
         families=collect_families(registry),
-        quantization=runner.quantization.name,
-        kv_cache_dtype=runner.kv_cache_dtype_name,
-        kv_cache_tokens=runner.kv_pool.num_tokens,
+        quantization=facts.quantization,
+        kv_cache_dtype=facts.kv_cache_dtype,
+        kv_cache_tokens=facts.kv_cache_tokens,
     )

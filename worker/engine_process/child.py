@@ -1,0 +1,124 @@
+"""The engine process's side: it loads the model, runs `ContinuousEngine` and the steering sync beside it, takes
+submissions and cancels from one pipe and sends each batch of outputs up the other. It ends when the worker sends
+STOP or closes its pipe (the worker died): a worker's death never leaves its engine running."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tasks.config import Config
+from tasks.logs import configure_logging
+from tasks.streams.redis_keys import connect_redis
+from worker.engine.continuous_engine import ContinuousEngine
+from worker.engine.embedding.jobs import EmbeddingRequest, EmbeddingResult
+from worker.engine.interface import EngineOutput, EngineRequest
+from worker.engine.model_facts import ModelFacts
+from worker.engine.model_runner import ModelRunner
+from worker.engine_process import wire
+from worker.serving.steering_sync import SteeringSync
+
+logger = logging.getLogger(__name__)
+HEARTBEAT_S = 1.0  # load and stats go up at least this often, so an idle worker's published load stays current
+STOP_TIMEOUT_S = 60.0
+
+
+class StepSender:
+    """Gathers the engine's callbacks (on the engine thread) and sends them up in one message per batch, from a thread
+    of its own, with the engine's load and stats as of the send."""
+
+    def __init__(self, engine: ContinuousEngine, connection: Connection) -> None:
+        self._engine = engine
+        self._connection = connection
+        self._ready = threading.Condition()
+        self._outputs: list[dict[str, Any]] = []
+        self._embeddings: list[dict[str, Any]] = []
+        self._is_stopping = False
+        self._thread = threading.Thread(target=self._send_forever, name="engine-step-sender", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def on_output(self, output: EngineOutput) -> None:
+        with self._ready:
+            self._outputs.append(output.to_dict())
+            self._ready.notify()
+
+    def on_embedding(self, result: EmbeddingResult) -> None:
+        with self._ready:
+            self._embeddings.append(result.to_dict())
+            self._ready.notify()
+
+    def stop(self) -> None:
+        """Returns once everything called back so far has been sent."""
+        with self._ready:
+            self._is_stopping = True
+            self._ready.notify()
+        self._thread.join()
+
+    def _send_forever(self) -> None:
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._outputs or self._embeddings or self._is_stopping, HEARTBEAT_S)
+                outputs, embeddings, is_last = self._outputs, self._embeddings, self._is_stopping
+                self._outputs, self._embeddings = [], []
+            try:
+                wire.send(
+                    self._connection,
+                    wire.STEP,
+                    outputs=outputs,
+                    embeddings=embeddings,
+                    load=self._engine.load().to_dict(),
+                    stats=self._engine.stats.to_dict(),
+                )
+            except OSError:  # the worker is gone: the reader sees its pipe close and stops the engine
+                return
+            if is_last:
+                return
+
+
+def serve_engine(environ: dict[str, str], worker: str, requests: Connection, steps: Connection) -> None:
+    """The engine process's main: `environ` is the worker's Config as `Config.to_env` writes it."""
+    config = Config.from_env(environ)
+    configure_logging(config)
+    try:
+        runner = ModelRunner(config)
+        engine = ContinuousEngine(runner, config)
+        engine.start()
+        steering = SteeringSync(connect_redis(config), config, worker, engine, runner.saes)
+        steering.start()
+    except Exception as exc:  # the worker's start fails with the reason (a refused model, a missing package)
+        logger.exception("the engine process could not start %s", config.model)
+        wire.send(steps, wire.FAILED, error=f"{type(exc).__name__}: {exc}")
+        return
+    facts = ModelFacts.of(runner, engine)
+    wire.send(steps, wire.READY, facts=facts.to_dict())
+    sender = StepSender(engine, steps)  # from here on the sender's thread is the only writer of `steps`
+    sender.start()
+    try:
+        take_requests(engine, sender, requests)
+    finally:
+        steering.stop()
+        engine.stop(STOP_TIMEOUT_S)  # its aborts go up before the last message
+        sender.stop()
+
+
+def take_requests(engine: ContinuousEngine, sender: StepSender, requests: Connection) -> None:
+    """Until STOP, or the worker's end of the pipe closes."""
+    while True:
+        try:
+            message = wire.receive(requests)
+        except EOFError:
+            logger.warning("the worker closed the engine's pipe: stopping the engine")
+            return
+        kind = message["kind"]
+        if kind == wire.SUBMIT:
+            engine.submit(EngineRequest.from_dict(message["request"]), sender.on_output)
+        elif kind == wire.CANCEL:
+            engine.cancel(message["request_id"])
+        elif kind == wire.EMBED:
+            engine.submit_embedding(EmbeddingRequest.from_dict(message["request"]), sender.on_embedding)
+        elif kind == wire.STOP:
+            return
