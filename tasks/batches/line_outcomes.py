@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +48,20 @@ _FINISH_LINE = (
 )
 
 
-def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome]) -> dict[int, LineStatus]:
+def finish_lines(
+    session: Session,
+    owner: str,
+    outcomes: dict[int, LineOutcome],
+    before_commit: Callable[[dict[int, LineStatus]], None] = lambda recorded: None,
+) -> dict[int, LineStatus]:
     """Record running lines' one results (by line id) in one transaction of the session's own; returns the status
     recorded for each line recorded, leaving out those `owner` no longer holds (their lease lapsed and they moved
     on). A line whose result the database refuses (a value its columns cannot hold) is recorded as failed with
-    `result_not_recorded`, so it still ends once and the lines finished beside it are recorded as they were."""
+    `result_not_recorded`, so it still ends once and the lines finished beside it are recorded as they were.
+
+    `before_commit` is called with the lines each commit records, in its transaction, before the commit: what the
+    caller publishes of them there is in Redis before any other session can see them finished, so a batch's closer
+    (which closes only once no line is open) publishes its final status after every line's event."""
     finished_at = time.time()
     rows = [_outcome_row(outcome, line_id, owner, finished_at) for line_id, outcome in outcomes.items()]
     try:
@@ -59,13 +69,14 @@ def finish_lines(session: Session, owner: str, outcomes: dict[int, LineOutcome])
     except DataError:
         is_every_line_held = False
     if is_every_line_held:  # the usual case, in one executemany
-        session.commit()
         recorded = {line_id: outcome.status for line_id, outcome in outcomes.items()}
+        before_commit(recorded)
+        session.commit()
     else:  # some line was taken, or refused: undo, and record line by line, each in its own transaction
         session.rollback()
         recorded = {}
         for row in rows:
-            status = _finish_one(session, row)
+            status = _finish_one(session, row, before_commit)
             if status is not None:
                 recorded[row["line_id"]] = status
     session.expire_all()  # the UPDATE bypassed the ORM, so lines this session had loaded must load again
@@ -78,16 +89,25 @@ def _outcome_row(outcome: LineOutcome, line_id: int, owner: str, finished_at: fl
     return row
 
 
-def _finish_one(session: Session, row: dict[str, Any]) -> LineStatus | None:
+def _finish_one(
+    session: Session, row: dict[str, Any], before_commit: Callable[[dict[int, LineStatus]], None]
+) -> LineStatus | None:
     """One line's result, committed; its status, or None when `row`'s owner no longer holds the line."""
     try:
         is_held = session.execute(_FINISH_LINE, row).rowcount == 1
-        session.commit()
-        return LineStatus(row["status"]) if is_held else None
+        return _commit_held(session, row["line_id"], LineStatus(row["status"]) if is_held else None, before_commit)
     except DataError:
         session.rollback()
     refused = LineOutcome(LineStatus.FAILED, error=RESULT_NOT_RECORDED.to_dict())
     failed = _outcome_row(refused, row["line_id"], row["owner"], row["finished_at"])
     is_held = session.execute(_FINISH_LINE, failed).rowcount == 1
+    return _commit_held(session, row["line_id"], LineStatus.FAILED if is_held else None, before_commit)
+
+
+def _commit_held(
+    session: Session, line_id: int, status: LineStatus | None, before_commit: Callable[[dict[int, LineStatus]], None]
+) -> LineStatus | None:
+    if status is not None:
+        before_commit({line_id: status})
     session.commit()
-    return LineStatus.FAILED if is_held else None
+    return status

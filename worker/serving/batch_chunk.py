@@ -179,10 +179,14 @@ class ChunkRunner(TaskRunner):
     def _record(self, chunk: _Chunk, finished: list[tuple[_LineRun, LineOutcome]]) -> None:
         if not finished:
             return
+        lines = {run.line.id: run.line for run, _ in finished}
         with self.sessions() as session:
-            recorded = finish_lines(session, chunk.owner, {run.line.id: outcome for run, outcome in finished})
-            events = [(run.line, recorded[run.line.id]) for run, _ in finished if run.line.id in recorded]
-            publish_lines(self.redis, self.config, session, chunk.task.batch_id, events)
+
+            def publish(recorded: dict[int, LineStatus]) -> None:
+                events = [(lines[line_id], status) for line_id, status in recorded.items()]
+                publish_lines(self.redis, self.config, session, chunk.task.batch_id, events)
+
+            recorded = finish_lines(session, chunk.owner, {run.line.id: outcome for run, outcome in finished}, publish)
         for run, outcome in finished:
             if run.line.id in recorded:
                 self._count(run, outcome)

@@ -154,6 +154,31 @@ def test_lines_finished_together_are_recorded_except_those_taken_from_their_owne
     assert [session.get(BatchLine, line.id).text for line in lines] == ["text 1", None, "text 3"]  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("is_one_line_taken", [False, True])
+def test_what_is_published_before_each_commit_comes_before_any_closer_can_see_the_lines_finished(
+    db_engine: Engine, session: Session, is_one_line_taken: bool
+) -> None:
+    """A batch's closer publishes its final status once it sees no open line; a line's event, published in
+    `before_commit`, must already be out by then, or a reader that stops at the final status misses it."""
+    batch_id = make_batch(session, 3)
+    [chunk] = dispatch_chunks(session, CONFIG)
+    lines = claim_chunk(session, chunk, "w#1", lease_s=30)
+    if is_one_line_taken:  # the line-by-line path: a transaction a line
+        session.execute(update(BatchLine).where(BatchLine.id == lines[1].id).values(lease_owner="w#2"))
+        session.commit()
+    published: list[tuple[set[int], bool]] = []
+
+    def publish(recorded: dict[int, LineStatus]) -> None:
+        with make_session_factory(db_engine)() as closer:
+            published.append((set(recorded), finalize_if_done(closer, batch_id)))
+
+    recorded = finish_lines(session, "w#1", {line.id: done() for line in lines}, publish)
+    assert set().union(*(ids for ids, _ in published)) == set(recorded)
+    assert not any(closed for _, closed in published), "a closer saw the lines finished before their events"
+    with make_session_factory(db_engine)() as closer:
+        assert finalize_if_done(closer, batch_id) is not is_one_line_taken  # the taken line is still running
+
+
 def test_a_redelivered_chunk_claims_nothing_and_a_result_is_recorded_once(session: Session) -> None:
     make_batch(session, 3)
     [chunk] = dispatch_chunks(session, CONFIG)

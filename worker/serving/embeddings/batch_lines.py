@@ -38,10 +38,14 @@ def embed_lines(runner: TaskRunner, batch_id: str, owner: str, lines: list[Batch
                 return
             continue
         outcomes[line_of[result.request_id].id] = line_outcome(result)
+    line_by_id = {line.id: line for line in lines}
     with runner.sessions() as session:
-        recorded = finish_lines(session, owner, outcomes)
-        events = [(line, recorded[line.id]) for line in lines if line.id in recorded]
-        publish_lines(runner.redis, runner.config, session, batch_id, events)
+
+        def publish(recorded: dict[int, LineStatus]) -> None:
+            events = [(line_by_id[line_id], status) for line_id, status in recorded.items()]
+            publish_lines(runner.redis, runner.config, session, batch_id, events)
+
+        recorded = finish_lines(session, owner, outcomes, publish)
     for status in recorded.values():
         runner.metrics.count_line(status)
     logger.info("embeddings chunk of %s: %d lines recorded", batch_id, len(recorded))
