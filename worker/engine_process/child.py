@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -22,6 +23,7 @@ from worker.serving.steering_sync import SteeringSync
 
 logger = logging.getLogger(__name__)
 HEARTBEAT_S = 1.0  # load and stats go up at least this often, so an idle worker's published load stays current
+LOAD_INTERVAL_S = 0.2  # and at most this often with outputs: what reads them (the lease, /metrics) reads every second
 STOP_TIMEOUT_S = 60.0
 
 
@@ -36,6 +38,7 @@ class StepSender:
         self._outputs: list[dict[str, Any]] = []
         self._embeddings: list[dict[str, Any]] = []
         self._is_stopping = False
+        self._load_sent_at = 0.0  # monotonic seconds
         self._thread = threading.Thread(target=self._send_forever, name="engine-step-sender", daemon=True)
 
     def start(self) -> None:
@@ -64,15 +67,13 @@ class StepSender:
                 self._ready.wait_for(lambda: self._outputs or self._embeddings or self._is_stopping, HEARTBEAT_S)
                 outputs, embeddings, is_last = self._outputs, self._embeddings, self._is_stopping
                 self._outputs, self._embeddings = [], []
+            fields: dict[str, Any] = {"outputs": outputs, "embeddings": embeddings}
+            now = time.monotonic()
+            if now - self._load_sent_at >= LOAD_INTERVAL_S or is_last or not (outputs or embeddings):
+                fields.update(load=self._engine.load().to_dict(), stats=self._engine.stats.to_dict())
+                self._load_sent_at = now
             try:
-                wire.send(
-                    self._connection,
-                    wire.STEP,
-                    outputs=outputs,
-                    embeddings=embeddings,
-                    load=self._engine.load().to_dict(),
-                    stats=self._engine.stats.to_dict(),
-                )
+                wire.send(self._connection, wire.STEP, **fields)
             except OSError:  # the worker is gone: the reader sees its pipe close and stops the engine
                 return
             if is_last:

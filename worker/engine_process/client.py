@@ -129,8 +129,9 @@ class EngineProcess:
                 if not self._is_stopping:
                     logger.error("the engine process ended (exit code %s)", self._process.exitcode)
                 return
-            self._load = EngineLoad.from_dict(message["load"])
-            self._stats = EngineStats.from_dict(message["stats"])
+            if "load" in message:  # sent with outputs at most every LOAD_INTERVAL_S, and on every heartbeat
+                self._load = EngineLoad.from_dict(message["load"])
+                self._stats = EngineStats.from_dict(message["stats"])
             for data in message["outputs"]:
                 self._deliver(EngineOutput.from_dict(data))
             for data in message["embeddings"]:

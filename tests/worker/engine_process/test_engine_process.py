@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import random
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -64,6 +65,9 @@ def test_it_serves_what_the_engine_in_process_does(engine_process: EngineProcess
     # the same tokens' logprobs, to float32 rounding: the two engines' steps may pack the rows differently
     assert logprob_values(ours) == pytest.approx(logprob_values(theirs), abs=1e-4)
     assert [outputs[-1].finish_reason for outputs in ours] == [outputs[-1].finish_reason for outputs in theirs]
+    deadline = time.monotonic() + TIMEOUT_S  # load and stats come up with outputs now and then, and every second
+    while engine_process.stats.num_steps == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert engine_process.stats.num_steps > 0
     assert engine_process.facts.num_blocks == in_process.num_blocks
     assert engine_process.load().num_blocks == in_process.num_blocks
