@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -99,27 +100,72 @@ def serve_engine(environ: dict[str, str], worker: str, requests: Connection, ste
     sender = StepSender(engine, steps)  # from here on the sender's thread is the only writer of `steps`
     sender.start()
     try:
-        take_requests(engine, sender, requests)
+        take_requests(engine, sender, requests, config.worker_concurrency)
     finally:
         steering.stop()
         engine.stop(STOP_TIMEOUT_S)  # its aborts go up before the last message
         sender.stop()
 
 
-def take_requests(engine: ContinuousEngine, sender: StepSender, requests: Connection) -> None:
+def take_requests(engine: ContinuousEngine, sender: StepSender, requests: Connection, num_threads: int) -> None:
     """Until STOP, or the worker's end of the pipe closes."""
-    while True:
+    submissions = Submissions(engine, sender, num_threads)
+    try:
+        while True:
+            try:
+                message = wire.receive(requests)
+            except EOFError:
+                logger.warning("the worker closed the engine's pipe: stopping the engine")
+                return
+            kind = message["kind"]
+            if kind == wire.SUBMIT:
+                submissions.submit(EngineRequest.from_dict(message["request"]))
+            elif kind == wire.CANCEL:
+                submissions.cancel(message["request_id"])
+            elif kind == wire.EMBED:
+                engine.submit_embedding(EmbeddingRequest.from_dict(message["request"]), sender.on_embedding)
+            elif kind == wire.STOP:
+                return
+    finally:
+        submissions.close()
+
+
+class Submissions:
+    """Submits to the engine. `ContinuousEngine.submit` compiles a request's grammar and loads its SAEs on the calling
+    thread, which in the worker was the request's own Celery thread; here one reader takes every request, so a request
+    with a grammar, steering or a monitor is submitted from a pool instead, and a slow compile holds up no other request
+    or cancel. A cancel that arrives while its request is still being submitted is applied once the submit returns."""
+
+    def __init__(self, engine: ContinuousEngine, sender: StepSender, num_threads: int) -> None:
+        self._engine = engine
+        self._sender = sender
+        self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="engine-submit")
+        self._lock = threading.Lock()
+        self._in_pool: dict[str, bool] = {}  # request id -> whether a cancel came while it was being submitted
+
+    def submit(self, request: EngineRequest) -> None:
+        if request.grammar is None and request.steering is None and request.monitor is None:
+            self._engine.submit(request, self._sender.on_output)
+            return
+        with self._lock:
+            self._in_pool[request.request_id] = False
+        self._pool.submit(self._submit_from_pool, request)
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            if request_id in self._in_pool:
+                self._in_pool[request_id] = True
+                return
+        self._engine.cancel(request_id)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _submit_from_pool(self, request: EngineRequest) -> None:
         try:
-            message = wire.receive(requests)
-        except EOFError:
-            logger.warning("the worker closed the engine's pipe: stopping the engine")
-            return
-        kind = message["kind"]
-        if kind == wire.SUBMIT:
-            engine.submit(EngineRequest.from_dict(message["request"]), sender.on_output)
-        elif kind == wire.CANCEL:
-            engine.cancel(message["request_id"])
-        elif kind == wire.EMBED:
-            engine.submit_embedding(EmbeddingRequest.from_dict(message["request"]), sender.on_embedding)
-        elif kind == wire.STOP:
-            return
+            self._engine.submit(request, self._sender.on_output)
+        finally:
+            with self._lock:
+                is_cancelled = self._in_pool.pop(request.request_id)
+            if is_cancelled:
+                self._engine.cancel(request.request_id)

@@ -16,6 +16,7 @@ import torch
 
 from tasks.config import Config
 from tasks.messages.generation import FinishReason, SamplingParams
+from tasks.messages.grammar import GrammarKind, GrammarSpec
 from tests.worker.engine_harness import TIMEOUT_S, Collector, greedy, submit_together
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.embedding.jobs import EmbeddingRequest, EmbeddingResult
@@ -126,3 +127,19 @@ def test_the_engine_ends_when_its_workers_pipe_closes(config: Config) -> None:
     engine._process.join(TIMEOUT_S)
     assert engine._process.exitcode == 0
     assert not engine.is_alive()
+
+
+def test_a_grammar_request_cancelled_as_it_is_submitted_ends_aborted_and_holds_up_no_other(
+    engine_process: EngineProcess,
+) -> None:
+    """A request with a grammar is submitted from the engine process's pool (its grammar compiles there); a cancel
+    that comes before that submit returns still reaches it, and a plain request sent after it is not held up."""
+    schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+    grammar = GrammarSpec(GrammarKind.JSON_SCHEMA, schema, "response_format")
+    constrained, plain = Collector(), Collector()
+    endless = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)
+    engine_process.submit(EngineRequest("with-grammar", [5, 6, 7], endless, grammar=grammar), constrained)
+    engine_process.cancel("with-grammar")
+    engine_process.submit(EngineRequest("plain", [8, 9, 10], greedy(4)), plain)
+    assert constrained.wait().finish_reason is FinishReason.ABORT
+    assert plain.wait().finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
