@@ -36,8 +36,8 @@ class StepSender:
         self._engine = engine
         self._connection = connection
         self._ready = threading.Condition()
-        self._outputs: list[dict[str, Any]] = []
-        self._embeddings: list[dict[str, Any]] = []
+        self._outputs: list[EngineOutput] = []
+        self._embeddings: list[EmbeddingResult] = []
         self._is_stopping = False
         self._load_sent_at = 0.0  # monotonic seconds
         self._thread = threading.Thread(target=self._send_forever, name="engine-step-sender", daemon=True)
@@ -47,12 +47,12 @@ class StepSender:
 
     def on_output(self, output: EngineOutput) -> None:
         with self._ready:
-            self._outputs.append(output.to_dict())
+            self._outputs.append(output)  # encoded on the sender's thread, not in the engine's step
             self._ready.notify()
 
     def on_embedding(self, result: EmbeddingResult) -> None:
         with self._ready:
-            self._embeddings.append(result.to_dict())
+            self._embeddings.append(result)
             self._ready.notify()
 
     def stop(self) -> None:
@@ -68,7 +68,10 @@ class StepSender:
                 self._ready.wait_for(lambda: self._outputs or self._embeddings or self._is_stopping, HEARTBEAT_S)
                 outputs, embeddings, is_last = self._outputs, self._embeddings, self._is_stopping
                 self._outputs, self._embeddings = [], []
-            fields: dict[str, Any] = {"outputs": outputs, "embeddings": embeddings}
+            fields: dict[str, Any] = {
+                "outputs": [output.to_dict() for output in outputs],
+                "embeddings": [result.to_dict() for result in embeddings],
+            }
             now = time.monotonic()
             if now - self._load_sent_at >= LOAD_INTERVAL_S or is_last or not (outputs or embeddings):
                 fields.update(load=self._engine.load().to_dict(), stats=self._engine.stats.to_dict())

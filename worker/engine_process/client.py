@@ -101,14 +101,6 @@ class EngineProcess:
         return self._load
 
     @property
-    def num_blocks(self) -> int:
-        return self.facts.num_blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self._load.num_free_blocks
-
-    @property
     def block_size(self) -> int:
         return self.facts.block_size
 
@@ -141,8 +133,8 @@ class EngineProcess:
                     on_done(result)
 
     def _deliver(self, output: EngineOutput) -> None:
-        on_output = self._callbacks.pop(output.request_id, None) if output.is_finished else None
-        on_output = on_output or self._callbacks.get(output.request_id)
+        take = self._callbacks.pop if output.is_finished else self._callbacks.get
+        on_output = take(output.request_id, None)
         if on_output is None:
             return
         try:
