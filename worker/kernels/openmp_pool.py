@@ -13,7 +13,9 @@ int8 kernel's 210 linears (a region each) took 54 ms on the engine thread agains
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -24,7 +26,15 @@ _OMP_PAUSE_SOFT = 1
 
 def release_thread_pool() -> bool:
     """Ends the calling thread's idle OpenMP worker threads (its next parallel region, if any, starts a new team);
-    False where the process has no libgomp with `omp_pause_resource_all` (another OpenMP runtime: nothing to do)."""
+    False where the process has no libgomp with `omp_pause_resource_all` (another OpenMP runtime: nothing to do).
+    A few microseconds once the function is found: cheap enough to call wherever a thread may have run torch."""
+    pause = _pause_function()
+    return pause is not None and pause(_OMP_PAUSE_SOFT) == 0
+
+
+@functools.cache
+def _pause_function() -> Callable[[int], int] | None:
+    """libgomp's omp_pause_resource_all, looked up once (torch, and with it libgomp, is loaded before any call)."""
     library = _loaded_libgomp()
     try:
         pause = ctypes.CDLL(library).omp_pause_resource_all if library else None
@@ -32,10 +42,10 @@ def release_thread_pool() -> bool:
         pause = None
     if pause is None:
         logger.debug("no libgomp with omp_pause_resource_all in this process")
-        return False
+        return None
     pause.argtypes = [ctypes.c_int]
     pause.restype = ctypes.c_int
-    return pause(_OMP_PAUSE_SOFT) == 0
+    return pause
 
 
 def _loaded_libgomp() -> str | None:

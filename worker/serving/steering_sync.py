@@ -14,7 +14,6 @@ import redis
 from tasks.config import Config
 from tasks.steering_store import publish_monitor_stats, publish_saes, read_monitor_settings
 from worker.engine.continuous_engine import ContinuousEngine
-from worker.kernels.openmp_pool import release_thread_pool
 from worker.steering.sae_attachments import SAEAttachments
 from worker.steering.worker_monitor import WorkerMonitor, start_worker_monitor
 
@@ -64,7 +63,6 @@ class SteeringSync:
                 monitor = start_worker_monitor(self._attachments, settings["sae_id"], settings["features"])
             except ValueError as exc:
                 logger.warning("worker-wide monitor %s not started: %s", settings, exc)
-            release_thread_pool()  # loading the SAE ran torch's threads here: leave the engine's team the only one
         self._engine.set_worker_monitor(monitor)
         self._monitor = monitor
         logger.info("worker-wide monitor: %s", settings or "off")

@@ -17,6 +17,7 @@ from steering.sae_config import SAEConfig
 from steering.vector_files import load_vector
 from tasks.config import Config
 from tasks.messages.steering import SteeringVector
+from worker.kernels.openmp_pool import release_thread_pool
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,11 @@ class SAEAttachments:
         """The SAE and where it hooks; raises SAELookupError or ValueError (files, or a mismatch with the model)."""
         config = SAEConfig.read(self.registry.resolve(sae_id))
         point = check_sae_fits(self._layout, config)
-        return AttachedSAE(self.registry.get(sae_id), point)
+        sae = self.registry.get(sae_id)
+        # Loading it may have run torch's parallel operators on this thread (a request's, the steering sync's):
+        # leave the engine thread's OpenMP team the only one (worker/kernels/openmp_pool.py)
+        release_thread_pool()
+        return AttachedSAE(sae, point)
 
     def listings(self) -> list[SAEListing]:
         """The SAEs under the root that fit this model (read from their configs; no weights are loaded)."""
