@@ -27,7 +27,7 @@ def create_celery(config: Config) -> Celery:
         worker_prefetch_multiplier=1,
         # Threads, not processes: every task thread hands work to the one engine that owns the device.
         worker_pool="threads",
-        worker_concurrency=config.worker_concurrency,
+        worker_concurrency=config.worker_threads,
         task_default_queue=config.interactive_queue_of(config.model_name),
         # No task events unless someone watches: each is a PUBLISH in line before a request's first token (the api's
         # "sent" after its enqueue, the worker's "received" and "started" before the task runs). Flower turns the

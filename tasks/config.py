@@ -39,7 +39,11 @@ class Config:
     # Last-Event-ID; with nobody reading after it, a worker's request reaper cancels it (tasks/streams/attachments.py).
     stream_resume_grace_s: float = 30.0
     request_timeout_s: float = 600.0
-    worker_concurrency: int = 32
+    # Celery threads per worker: a running chat request holds one until it ends, a batch chunk one for its lines.
+    # 0: MAX_NUM_SEQS + BATCH_CHUNKS_IN_FLIGHT (`worker_threads`), so every request the engine can run at once has
+    # a thread and the chunks cannot take them; with fewer, a burst wider than the threads waits in the queue while
+    # the engine has room (at 64 streams with 32 threads, half of a round waited for the first half to end).
+    worker_concurrency: int = 0
     worker_lease_s: float = 15.0  # a worker silent this long is dead: its running requests fail
     # The launcher starts workers this much nicer than itself (`nice -n`). 0 by default: a nicer worker made no
     # difference the measurements could show during a burst of admissions (docs/RELIABILITY.md), and it starves the
@@ -157,6 +161,11 @@ class Config:
         if values["is_redis_embedded"]:
             values["redis_url"] = f"redis://127.0.0.1:{values.get('embedded_redis_port', EMBEDDED_REDIS_PORT)}/0"
         return cls(**values)
+
+    @property
+    def worker_threads(self) -> int:
+        """The Celery threads of a worker (`worker_concurrency`, or what 0 stands for)."""
+        return self.worker_concurrency or self.max_num_seqs + self.batch_chunks_in_flight
 
     @property
     def model_name(self) -> str:

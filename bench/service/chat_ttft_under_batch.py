@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(loaded) / statistics.median(idle)
     print(f"\nloaded / idle median: {ratio:.2f}x; batch when the loaded chats ended: {batch_state}")
     print(
-        f"max_num_seqs={config.max_num_seqs}, worker_concurrency={config.worker_concurrency}, "
+        f"max_num_seqs={config.max_num_seqs}, worker_concurrency={config.worker_threads}, "
         f"batch_chunk_size={config.batch_chunk_size}, batch_chunks_in_flight={config.batch_chunks_in_flight}"
     )
     return 0 if ratio <= TARGET_RATIO else 1

@@ -34,6 +34,7 @@ import httpx
 from transformers import PreTrainedTokenizerFast
 
 from bench.service.batch_stack import free_port
+from bench.service.http_stream import StreamResponse
 from bench.service.sse_client import StreamClient, StreamTiming
 from bench.workload import BenchRequest
 
@@ -150,9 +151,9 @@ class PeerStreamClient(StreamClient):
             "generation_config": json.dumps(generation),
         }
 
-    async def read_stream(self, response: httpx.Response, request: BenchRequest, start: float) -> StreamTiming:
+    async def read_stream(self, response: StreamResponse, request: BenchRequest, start: float) -> StreamTiming:
         first_text_at, num_tokens = None, None
-        async for line in response.aiter_lines():
+        async for line in response.lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: ") :])

@@ -17,8 +17,11 @@ def stack_cpu_seconds(stack: Stack) -> dict[str, float]:
 
 
 def _tree_cpu_seconds(pid: int) -> float:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return _cpu_seconds(pid) + sum(_tree_cpu_seconds(int(child)) for child in children)
+    # a child is listed under the thread that started it: the worker's engine process under a thread of its own
+    children = [
+        int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()
+    ]
+    return _cpu_seconds(pid) + sum(_tree_cpu_seconds(child) for child in children)
 
 
 def _cpu_seconds(pid: int) -> float:

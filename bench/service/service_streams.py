@@ -244,7 +244,7 @@ def load_report(args: argparse.Namespace, argv: list[str], config: Config, resul
         "machine": f"{cpu_description()}; torch {torch.__version__}, worker torch threads {config.cpu_threads}",
         "settings": {
             "max_num_seqs": config.max_num_seqs,
-            "worker_concurrency": config.worker_concurrency,
+            "worker_concurrency": config.worker_threads,
             "api_connections": config.api_connections,
             "prompt_len": list(args.prompt_len),
             "output_len": args.output_len,

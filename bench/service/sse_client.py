@@ -1,6 +1,7 @@
-"""A lean streaming client for benchmarks: every stream of a round on one asyncio loop over one httpx connection pool,
-reading raw SSE lines, so that the measuring client costs little beside the service it measures (the `openai` client,
-a thread per stream, parsed every chunk into objects and took a large share of the two cores).
+"""A lean streaming client for benchmarks: every stream of a round on one asyncio loop over one pool of raw HTTP/1.1
+connections (`bench/service/http_stream.py`), reading raw SSE lines, so that the measuring client costs little beside
+the service it measures (the `openai` client, a thread per stream, parsed every chunk into objects and took a large
+share of the two cores; httpx's async client, a quarter of a core at 32 streams).
 
 The loop and the pool last from the client's first round to its `close()`, so a round's streams reuse the
 connections the rounds before opened, as the `openai` and httpx clients of a running application do: a TTFT here is a
@@ -19,14 +20,10 @@ import json
 import time
 from dataclasses import dataclass
 
-import httpx
-
+from bench.service.http_stream import ConnectionPool, StreamResponse
 from bench.workload import BenchRequest
 
 ADMISSION_RETRIES = 4  # a 429 (a burst wider than the admission gate's slots) is retried after its hint, as openai does
-# How long an idle connection is kept for the next round: longer than an engine round between two service rounds.
-# The server may close it sooner (gunicorn's keepalive here is 30 s); httpx then opens a new one for the next request.
-KEEPALIVE_EXPIRY_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -50,13 +47,12 @@ class StreamClient:
     """One loop and one connection pool for all its rounds; `close()` (or leaving its `with`) closes both."""
 
     def __init__(self, base_url: str, api_key: str, model: str) -> None:
-        self._url = f"{base_url}/v1/completions"
         self._headers = {"Authorization": f"Bearer {api_key}"}
         self._model = model
         self._loop = asyncio.new_event_loop()
-        # no cap on connections: a round's streams all start at once, each on a connection of its own
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        self._client = httpx.AsyncClient(limits=limits, timeout=600)  # used on self._loop only
+        # no cap on connections: a round's streams all start at once, each on a connection of its own; idle ones are
+        # kept for the next round (the server may close one meanwhile: gunicorn's keepalive here is 30 s)
+        self._pool = ConnectionPool(base_url)  # used on self._loop only
 
     def __enter__(self) -> StreamClient:
         return self
@@ -66,7 +62,7 @@ class StreamClient:
 
     def close(self) -> None:
         if not self._loop.is_closed():
-            self._loop.run_until_complete(self._client.aclose())
+            self._pool.close()
             self._loop.close()
 
     def run_round(self, requests: list[BenchRequest]) -> RoundTiming:
@@ -75,18 +71,23 @@ class StreamClient:
 
     async def _round(self, requests: list[BenchRequest]) -> RoundTiming:
         cpu_start, start = time.process_time(), time.perf_counter()
-        streams = await asyncio.gather(*(self._stream(self._client, request, start) for request in requests))
+        streams = await asyncio.gather(*(self._stream(request, start) for request in requests))
         return RoundTiming(time.perf_counter() - start, time.process_time() - cpu_start, list(streams))
 
-    async def _stream(self, client: httpx.AsyncClient, request: BenchRequest, start: float) -> StreamTiming:
+    async def _stream(self, request: BenchRequest, start: float) -> StreamTiming:
         body = self.request_body(request)
         for attempt in range(ADMISSION_RETRIES + 1):
-            async with client.stream("POST", self._url, json=body, headers=self._headers) as response:
+            response = await self._pool.post_stream("/v1/completions", body, self._headers)
+            try:
                 if response.status_code == 429 and attempt < ADMISSION_RETRIES:
                     await asyncio.sleep(_retry_after_s(response.headers))
                     continue
-                response.raise_for_status()
+                if response.status_code != 200:
+                    text = "\n".join([line async for line in response.lines()])
+                    raise RuntimeError(f"{request.request_id}: HTTP {response.status_code}: {text[:500]}")
                 return await self.read_stream(response, request, start)
+            finally:
+                response.close()
         raise AssertionError("the last attempt returns or raises")
 
     def request_body(self, request: BenchRequest) -> dict:
@@ -102,20 +103,20 @@ class StreamClient:
             "return_token_ids": True,
         }
 
-    async def read_stream(self, response: httpx.Response, request: BenchRequest, start: float) -> StreamTiming:
+    async def read_stream(self, response: StreamResponse, request: BenchRequest, start: float) -> StreamTiming:
         return await _read(response, request, start)
 
 
-def _retry_after_s(headers: httpx.Headers) -> float:
+def _retry_after_s(headers: dict[str, str]) -> float:
     """The hint as the `openai` client reads it: retry-after-ms first, then Retry-After in seconds."""
     if "retry-after-ms" in headers:
         return float(headers["retry-after-ms"]) / 1000
     return float(headers.get("retry-after", "0.5"))
 
 
-async def _read(response: httpx.Response, request: BenchRequest, start: float) -> StreamTiming:
+async def _read(response: StreamResponse, request: BenchRequest, start: float) -> StreamTiming:
     first_token_at, num_ids, num_tokens = None, 0, None
-    async for line in response.aiter_lines():
+    async for line in response.lines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         chunk = json.loads(line[len("data: ") :])

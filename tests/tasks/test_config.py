@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tasks.celery_app import create_celery
 from tasks.config import Config
 
 
@@ -52,3 +53,9 @@ def test_served_models_default_to_the_one_model_and_name_each_workers_queues() -
 def test_served_models_must_be_distinct_name_path_pairs(served: str) -> None:
     with pytest.raises(ValueError, match="SERVED_MODELS"):
         Config(served_models=served).served_model_paths()
+
+
+def test_a_worker_has_a_thread_for_every_request_its_engine_runs_and_each_chunk() -> None:
+    assert Config(max_num_seqs=64, batch_chunks_in_flight=4).worker_threads == 68
+    assert Config(max_num_seqs=64, worker_concurrency=8).worker_threads == 8  # an operator's number stands
+    assert create_celery(Config(max_num_seqs=48)).conf.worker_concurrency == 48 + Config().batch_chunks_in_flight

@@ -103,7 +103,7 @@ def serve_engine(environ: dict[str, str], worker: str, requests: Connection, ste
     sender = StepSender(engine, steps)  # from here on the sender's thread is the only writer of `steps`
     sender.start()
     try:
-        take_requests(engine, sender, requests, config.worker_concurrency)
+        take_requests(engine, sender, requests, config.worker_threads)
     finally:
         steering.stop()
         engine.stop(STOP_TIMEOUT_S)  # its aborts go up before the last message

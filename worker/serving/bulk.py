@@ -56,11 +56,11 @@ def start_bulk(
                 publish_status(client, config, session, batch_id)
             dispatch_and_enqueue(session, config, enqueue)
 
-    if config.batch_chunks_in_flight >= config.worker_concurrency:
+    if config.batch_chunks_in_flight >= config.worker_threads:
         logger.warning(
             "BATCH_CHUNKS_IN_FLIGHT (%d) >= WORKER_CONCURRENCY (%d): chunks can take every thread chat needs",
             config.batch_chunks_in_flight,
-            config.worker_concurrency,
+            config.worker_threads,
         )
     stops = StopWatcher(client, config)
     stops.start()
