@@ -104,11 +104,18 @@ def check_json_values(value: Any) -> None:
         if isinstance(item, str):
             _check_text(item, path)
         elif isinstance(item, list):
-            pending.extend((_join(path, index), element) for index, element in enumerate(item))
+            # only what may fail gets a path: a prompt of token ids is thousands of numbers that cannot
+            pending.extend(
+                (_join(path, index), element) for index, element in enumerate(item) if type(element) not in _CANNOT_FAIL
+            )
         elif isinstance(item, dict):
             for key, element in item.items():
                 _check_text(key, path, what="a key")
-                pending.append((_join(path, key), element))
+                if type(element) not in _CANNOT_FAIL:
+                    pending.append((_join(path, key), element))
+
+
+_CANNOT_FAIL = frozenset({int, float, bool, type(None)})  # what JSON parses to, the non-finite marker aside
 
 
 def _check_text(text: str, path: str | None, what: str = "the value") -> None:

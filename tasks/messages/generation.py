@@ -59,8 +59,9 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        # field by field, not `dataclasses.asdict`, whose deep copy was a tenth of the api's CPU for a request
         return {
-            **dataclasses.asdict(self),
+            **{field.name: getattr(self, field.name) for field in dataclasses.fields(self)},
             "stop": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids),
             "logit_bias": [list(pair) for pair in self.logit_bias],
