@@ -73,13 +73,34 @@ def final_event(session: Session, request_id: str) -> StreamEvent:
     result = session.get(ResultRecord, request_id)
     prompt_tokens = session.scalar(select(RequestRecord.prompt_tokens).where(RequestRecord.id == request_id))
     assert result is not None and prompt_tokens is not None
+    return final_event_of(
+        prompt_tokens,
+        result.completion_tokens,
+        FinishReason(result.finish_reason) if result.finish_reason else None,
+        ErrorInfo.from_dict(result.error) if result.error else None,
+        UsageDetails.from_dict(result.usage_details),
+        result.steering,
+        result.monitor,
+    )
+
+
+def final_event_of(
+    prompt_tokens: int,
+    completion_tokens: int,
+    finish_reason: FinishReason | None,
+    error: ErrorInfo | None,
+    usage_details: UsageDetails,
+    steering: dict[str, Any] | None,
+    monitor: dict[str, Any] | None,
+) -> StreamEvent:
+    """The FINAL event of a result: as stored (`final_event`), or as its writer has it in hand."""
     return StreamEvent(
         EventType.FINAL,
-        finish_reason=FinishReason(result.finish_reason) if result.finish_reason else None,
-        usage=Usage(prompt_tokens, result.completion_tokens, UsageDetails.from_dict(result.usage_details)),
-        error=ErrorInfo.from_dict(result.error) if result.error else None,
-        steering=result.steering,
-        monitor=result.monitor,
+        finish_reason=finish_reason,
+        usage=Usage(prompt_tokens, completion_tokens, usage_details),
+        error=error,
+        steering=steering,
+        monitor=monitor,
     )
 
 

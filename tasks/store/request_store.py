@@ -61,7 +61,7 @@ def record_result(
     """Store the one result of a request; True if this call stored it, False if another writer had."""
     if session.get(ResultRecord, request_id) is not None:
         return False
-    status = _final_status(finish_reason, error)
+    status = final_status(finish_reason, error)
     session.add(
         ResultRecord(
             request_id=request_id,
@@ -98,7 +98,7 @@ def cancel_if_queued(session: Session, request_id: str) -> bool:
     return claimed.rowcount == 1
 
 
-def _final_status(finish_reason: FinishReason | None, error: ErrorInfo | None) -> RequestStatus:
+def final_status(finish_reason: FinishReason | None, error: ErrorInfo | None) -> RequestStatus:
     if error is not None:
         return RequestStatus.FAILED
     if finish_reason == FinishReason.ABORT:

@@ -112,12 +112,44 @@ return entry_id
 """
 
 
+APPEND_FINAL_ONCE_SHA = hashlib.sha1(APPEND_FINAL_ONCE.encode()).hexdigest()
+
+
 def append_final_once(client: redis.Redis, config: Config, request_id: str, event: StreamEvent) -> str | None:
     """The request's final event, unless its stream already ends in one; its entry id, or None."""
     key = RedisKeys(config.redis_prefix).request_stream(request_id)
     args = (json.dumps(event.to_dict()), EventType.FINAL.value, config.stream_maxlen, config.stream_ttl_s)
     entry_id = client.eval(APPEND_FINAL_ONCE, 1, key, *args)
     return None if entry_id is None else _text(entry_id)
+
+
+def append_finals_once(client: redis.Redis, config: Config, finals: list[tuple[str, StreamEvent]]) -> None:
+    """`append_final_once` for each (request id, final event), in one round trip (two the first time a Redis runs it:
+    a script that is not loaded fails every call alike, and a final event is written once however often it is sent)."""
+    if not finals:
+        return
+    keys = RedisKeys(config.redis_prefix)
+    calls = [
+        (
+            keys.request_stream(request_id),
+            json.dumps(event.to_dict()),
+            EventType.FINAL.value,
+            config.stream_maxlen,
+            config.stream_ttl_s,
+        )
+        for request_id, event in finals
+    ]
+    for attempt in range(2):
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                for key, *args in calls:
+                    pipe.evalsha(APPEND_FINAL_ONCE_SHA, 1, key, *args)
+                pipe.execute()
+            return
+        except redis.exceptions.NoScriptError:
+            if attempt:
+                raise
+            client.script_load(APPEND_FINAL_ONCE)
 
 
 def _text(value: str | bytes) -> str:

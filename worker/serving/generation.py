@@ -22,11 +22,13 @@ from tasks.messages.generation import (
 )
 from tasks.messages.steering import SteeringSource, SteeringSpec
 from tasks.steering_store import profile_keys, steering_of_profiles
-from tasks.store.finish import RESULT_NOT_RECORDED, finish_request
+from tasks.store.finish import RESULT_NOT_RECORDED
+from tasks.store.finish_together import RequestResult
 from tasks.streams.cancel_flags import is_cancel_requested
 from tasks.streams.redis_keys import RedisKeys
 from worker.serving.cancel_watcher import CancelWatcher
 from worker.serving.output_processor import FollowedRequest, OutputProcessor
+from worker.serving.result_writer import ResultWriter
 from worker.serving.task_runner import TaskRunner
 from worker.text.choice import Choice, engine_request_id, start_choice
 from worker.text.steering_report import SteeringReport
@@ -73,10 +75,13 @@ class GenerationHandler(TaskRunner):
         self.cancels.start()
         self.outputs = OutputProcessor(self.redis, self.config, self.tokenizer, self.engine, self.metrics)
         self.outputs.start()
+        self.results = ResultWriter(self.sessions, self.redis, self.config)
+        self.results.start()
 
     def close(self) -> None:
         self.cancels.stop()
         self.outputs.stop()
+        self.results.stop()
 
     def handle(self, request: GenerateRequest) -> None:
         """The engine starts on the request before the claim's SQL round trips, so they overlap its prefill instead of
@@ -178,12 +183,11 @@ class GenerationHandler(TaskRunner):
         return followed.error
 
     def _record(self, request: GenerateRequest, outcome: Outcome) -> bool:
-        with self.sessions() as session:
-            return finish_request(
-                session,
-                self.redis,
-                self.config,
+        """The request's one result and its FINAL event, written with those of the requests ending beside it."""
+        return self.results.record(
+            RequestResult(
                 request.request_id,
+                request.num_prompt_tokens,
                 text=outcome.choices[0].text,
                 completion_tokens=outcome.completion_tokens,
                 finish_reason=outcome.choices[0].finish_reason,
@@ -195,6 +199,7 @@ class GenerationHandler(TaskRunner):
                 monitor=outcome.monitor,
                 usage_details=outcome.usage_details,
             )
+        )
 
     def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
         try:
