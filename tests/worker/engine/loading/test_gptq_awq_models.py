@@ -24,6 +24,7 @@ from tests.worker.engine.loading.test_quantized_models import (
     served_greedy,
 )
 from tests.worker.engine_harness import hf_greedy
+from tests.worker.greedy_cases import greedy_margins
 
 pytest.importorskip("gptqmodel", reason="the gptq extra (gptqmodel) is not installed")
 pytest.importorskip("optimum", reason="the gptq extra (optimum) is not installed")
@@ -33,6 +34,11 @@ TINY_VOCAB = 2048  # calibration rows are random token ids below it, past the sp
 SERVED_AS = {"gptq": "gptq:4bit-g32", "awq": "awq:4bit-g32"}  # the engine's name of the loaded quantization
 # GPTQModel's AWQ clip search takes output channels in batches of 64, and the tiny model's MLP has 352
 AWQ_INTERMEDIATE_SIZE = 384
+# A top-two lead this small is within what float16 arithmetic in another order moves a logit: float16 keeps about
+# three decimal digits, the engine's kernels and HF's add in different orders through six layers, and the top logits
+# here are about 10 (seen: a lead of 0.0625, eight float16 spacings at 10.25, flipped on an Intel Xeon and not on an
+# AMD EPYC)
+TIE_MARGIN = 0.125
 
 
 def widened_mlp_checkpoint(model_dir: Path, intermediate_size: int, out: Path) -> Path:
@@ -77,4 +83,19 @@ def test_a_gptqmodel_checkpoint_serves_what_hf_generates_with_it(
     config = dataclasses.replace(tiny_config, model=str(checkpoint), dtype=dtype)
     name, tokens = served_greedy(config, caplog)
     assert name == SERVED_AS[method]
-    assert tokens == expected
+    assert_same_but_for_near_ties(reference, tokens, expected)
+
+
+def assert_same_but_for_near_ties(
+    reference: torch.nn.Module, served: list[list[int]], expected: list[list[int]]
+) -> None:
+    """Each prompt's served tokens are HF's, up to a step whose top two logits are within TIE_MARGIN in the reference
+    (where the kernels' float16 summation order may pick either); nothing after that step is compared."""
+    for prompt, got, want in zip(PROMPTS, served, expected, strict=True):
+        if got == want:
+            continue
+        step = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
+        tokens, margins = greedy_margins(reference, prompt)  # type: ignore[arg-type]
+        assert tokens[: step + 1] == want[: step + 1]
+        lead = margins[step]
+        assert lead < TIE_MARGIN, f"{prompt}: token {step} differs where HF's top logit leads by {lead}"
