@@ -76,7 +76,10 @@ class EngineProcess:
         self._send(wire.EMBED, request=request.to_dict())
 
     def cancel(self, request_id: str) -> None:
-        self._send(wire.CANCEL, request_id=request_id)
+        # a request whose last output has been delivered (or that was never submitted) has nothing left to abort:
+        # its end's cancels (the worker cancels each choice as it lets go of it) cost no message and no send lock
+        if request_id in self._callbacks:
+            self._send(wire.CANCEL, request_id=request_id)
 
     def is_alive(self) -> bool:
         return self._process.is_alive() and self._receiver.is_alive()

@@ -166,9 +166,8 @@ class GenerationHandler(TaskRunner):
         return *steering_of_profiles(own, worker_wide), flag is not None
 
     def _cancel(self, followed: FollowedRequest) -> None:
-        for choice_id, choice in followed.choices.items():
-            if not choice.has_engine_ended:
-                self.engine.cancel(choice_id)
+        for choice_id in followed.choices:
+            self.engine.cancel(choice_id)
 
     def _wait(self, followed: FollowedRequest) -> ErrorInfo | None:
         """Until the output processor has streamed every choice to its end (a cancel flag reaches the engine

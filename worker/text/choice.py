@@ -79,16 +79,12 @@ class Choice:
     num_cached_tokens: int = 0
     num_proposed_tokens: int = 0
     num_accepted_tokens: int = 0
-    # the engine sent its last output (a stop string may end the choice before the engine does, which must then be
-    # cancelled): a choice it has ended needs no cancel, which would cost a message to the engine process
-    has_engine_ended: bool = False
 
     @property
     def is_done(self) -> bool:
         return self.finish_reason is not None or self.error is not None
 
     def apply(self, output: EngineOutput, tokenizer: PreTrainedTokenizerFast) -> ChoiceDelta:
-        self.has_engine_ended = self.has_engine_ended or output.is_finished
         if output.error is not None:
             self.error_param = output.error_param
             if output.is_request_error:  # the engine refused the request: its message says what to fix

@@ -94,6 +94,20 @@ def test_a_cancel_aborts_the_request(engine_process: EngineProcess) -> None:
     assert collector.wait().finish_reason is FinishReason.ABORT
 
 
+def test_a_cancel_after_the_last_output_sends_nothing(
+    engine_process: EngineProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker cancels each choice as it lets go of it, ended or not: only one still running costs a message."""
+    collector = Collector()
+    engine_process.submit(EngineRequest("ends", [5, 6, 7], greedy(3)), collector)
+    collector.wait()
+    sent: list[str] = []
+    monkeypatch.setattr(engine_process, "_send", lambda kind, **fields: sent.append(kind))
+    engine_process.cancel("ends")
+    engine_process.cancel("never-submitted")
+    assert sent == []
+
+
 def test_embeddings_are_the_engine_in_process_ones(engine_process: EngineProcess, in_process: ContinuousEngine) -> None:
     request = EmbeddingRequest("embd-1", [[5, 6, 7, 8], [9, 10]], dimensions=16)
     results: list[EmbeddingResult] = []

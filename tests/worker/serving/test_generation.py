@@ -193,20 +193,3 @@ def test_stop_string_ends_the_request_and_stays_out_of_the_text(handler: Generat
     assert record.result.text == full[: full.index(stop)]  # type: ignore[union-attr]
     assert "".join(e.text for e in stream_events(handler, cut.request_id)) == record.result.text  # type: ignore[union-attr]
 
-
-def test_only_a_choice_the_engine_still_runs_is_cancelled_at_its_end(
-    handler: GenerationHandler, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A choice the engine ended needs no cancel (from the engine process, each is a message); one a stop string
-    ended while the engine still generates it does."""
-    cancelled: list[str] = []
-    cancel = handler.engine.cancel
-    monkeypatch.setattr(handler.engine, "cancel", lambda request_id: (cancelled.append(request_id), cancel(request_id)))
-    ended = accept(handler, "the cat", ignore_eos=True)
-    handler.handle(ended)
-    assert cancelled == []
-    text = stored(handler, ended.request_id).result.text  # type: ignore[union-attr]
-    cut = accept(handler, "the cat", ignore_eos=True, max_tokens=256, stop=(text[3:6],))
-    handler.handle(cut)
-    assert stored(handler, cut.request_id).result.finish_reason == "stop"  # type: ignore[union-attr]
-    assert cut.request_id in cancelled
