@@ -192,4 +192,3 @@ def test_stop_string_ends_the_request_and_stays_out_of_the_text(handler: Generat
     assert record.result.finish_reason == "stop"  # type: ignore[union-attr]
     assert record.result.text == full[: full.index(stop)]  # type: ignore[union-attr]
     assert "".join(e.text for e in stream_events(handler, cut.request_id)) == record.result.text  # type: ignore[union-attr]
-
