@@ -28,8 +28,8 @@ from tasks.config import Config
 from tasks.messages.generation import ErrorInfo, FinishReason, StreamEvent, UsageDetails
 from tasks.store.db import SessionFactory
 from tasks.store.finish import final_event_of
-from tasks.store.models import RequestRecord, ResultRecord
-from tasks.store.request_store import final_status, record_result
+from tasks.store.models import RequestRecord, RequestStatus, ResultRecord
+from tasks.store.request_store import final_status, store_result_row
 from tasks.streams.events import append_finals_once
 
 logger = logging.getLogger(__name__)
@@ -52,21 +52,19 @@ class RequestResult:
     monitor: dict[str, Any] | None = None
     usage_details: UsageDetails = dataclasses.field(default_factory=UsageDetails)
 
-    def record(self, session: Session) -> bool:
-        """`record_result` of this one."""
-        return record_result(
-            session,
-            self.request_id,
-            text=self.text,
-            completion_tokens=self.completion_tokens,
-            finish_reason=self.finish_reason,
-            error=self.error,
-            logprobs=self.logprobs,
-            prompt_logprobs=self.prompt_logprobs,
-            extra_choices=self.extra_choices,
-            steering=self.steering,
-            monitor=self.monitor,
-            usage_details=self.usage_details.to_dict(),
+    @property
+    def status(self) -> RequestStatus:
+        return final_status(self.finish_reason, self.error)
+
+    def final_event(self) -> StreamEvent:
+        return final_event_of(
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.finish_reason,
+            self.error,
+            self.usage_details,
+            self.steering,
+            self.monitor,
         )
 
     def row(self, finished_at: datetime) -> ResultRecord:
@@ -104,7 +102,7 @@ def finish_requests(
         logger.warning("recording %d results at once failed (%s); recording each on its own", len(results), exc)
         outcomes = [_record_alone(sessions, result) for result in results]
     recorded = [result for result, outcome in zip(results, outcomes, strict=True) if outcome is True]
-    append_finals_once(client, config, [(result.request_id, _final_event(result)) for result in recorded])
+    append_finals_once(client, config, [(result.request_id, result.final_event()) for result in recorded])
     return outcomes
 
 
@@ -118,11 +116,11 @@ def record_results(session: Session, results: Sequence[RequestResult]) -> list[b
     fresh = [result for result in results if result.request_id not in existing]
     finished_at = datetime.now(timezone.utc)
     session.add_all([result.row(finished_at) for result in fresh])
-    by_status: dict[str, list[str]] = defaultdict(list)
+    by_status: dict[RequestStatus, list[str]] = defaultdict(list)
     for result in fresh:
-        by_status[final_status(result.finish_reason, result.error).value].append(result.request_id)
+        by_status[result.status].append(result.request_id)
     for status, status_ids in by_status.items():
-        session.execute(update(RequestRecord).where(RequestRecord.id.in_(status_ids)).values(status=status))
+        session.execute(update(RequestRecord).where(RequestRecord.id.in_(status_ids)).values(status=status.value))
     try:
         session.commit()
     except SQLAlchemyError:
@@ -134,18 +132,6 @@ def record_results(session: Session, results: Sequence[RequestResult]) -> list[b
 def _record_alone(sessions: SessionFactory, result: RequestResult) -> Outcome:
     try:
         with sessions() as session:
-            return result.record(session)
+            return store_result_row(session, result.row(datetime.now(timezone.utc)), result.status)
     except Exception as exc:  # this request's own failure, for its caller to handle
         return exc
-
-
-def _final_event(result: RequestResult) -> StreamEvent:
-    return final_event_of(
-        result.prompt_tokens,
-        result.completion_tokens,
-        result.finish_reason,
-        result.error,
-        result.usage_details,
-        result.steering,
-        result.monitor,
-    )

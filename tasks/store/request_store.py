@@ -59,26 +59,29 @@ def record_result(
     usage_details: dict[str, Any] | None = None,
 ) -> bool:
     """Store the one result of a request; True if this call stored it, False if another writer had."""
-    if session.get(ResultRecord, request_id) is not None:
-        return False
-    status = final_status(finish_reason, error)
-    session.add(
-        ResultRecord(
-            request_id=request_id,
-            text=text,
-            finish_reason=finish_reason.value if finish_reason else None,
-            completion_tokens=completion_tokens,
-            error=error.to_dict() if error else None,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            extra_choices=extra_choices,
-            steering=steering,
-            monitor=monitor,
-            usage_details=usage_details,
-            finished_at=datetime.now(timezone.utc),
-        )
+    row = ResultRecord(
+        request_id=request_id,
+        text=text,
+        finish_reason=finish_reason.value if finish_reason else None,
+        completion_tokens=completion_tokens,
+        error=error.to_dict() if error else None,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        extra_choices=extra_choices,
+        steering=steering,
+        monitor=monitor,
+        usage_details=usage_details,
+        finished_at=datetime.now(timezone.utc),
     )
-    session.execute(update(RequestRecord).where(RequestRecord.id == request_id).values(status=status.value))
+    return store_result_row(session, row, final_status(finish_reason, error))
+
+
+def store_result_row(session: Session, row: ResultRecord, status: RequestStatus) -> bool:
+    """`record_result` of a row already made."""
+    if session.get(ResultRecord, row.request_id) is not None:
+        return False
+    session.add(row)
+    session.execute(update(RequestRecord).where(RequestRecord.id == row.request_id).values(status=status.value))
     try:
         session.commit()
     except IntegrityError:

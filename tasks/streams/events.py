@@ -118,8 +118,7 @@ APPEND_FINAL_ONCE_SHA = hashlib.sha1(APPEND_FINAL_ONCE.encode()).hexdigest()
 def append_final_once(client: redis.Redis, config: Config, request_id: str, event: StreamEvent) -> str | None:
     """The request's final event, unless its stream already ends in one; its entry id, or None."""
     key = RedisKeys(config.redis_prefix).request_stream(request_id)
-    args = (json.dumps(event.to_dict()), EventType.FINAL.value, config.stream_maxlen, config.stream_ttl_s)
-    entry_id = client.eval(APPEND_FINAL_ONCE, 1, key, *args)
+    entry_id = client.eval(APPEND_FINAL_ONCE, 1, key, *_final_once_args(config, event))
     return None if entry_id is None else _text(entry_id)
 
 
@@ -129,20 +128,11 @@ def append_finals_once(client: redis.Redis, config: Config, finals: list[tuple[s
     if not finals:
         return
     keys = RedisKeys(config.redis_prefix)
-    calls = [
-        (
-            keys.request_stream(request_id),
-            json.dumps(event.to_dict()),
-            EventType.FINAL.value,
-            config.stream_maxlen,
-            config.stream_ttl_s,
-        )
-        for request_id, event in finals
-    ]
+    calls = [(keys.request_stream(request_id), _final_once_args(config, event)) for request_id, event in finals]
     for attempt in range(2):
         try:
             with client.pipeline(transaction=False) as pipe:
-                for key, *args in calls:
+                for key, args in calls:
                     pipe.evalsha(APPEND_FINAL_ONCE_SHA, 1, key, *args)
                 pipe.execute()
             return
@@ -150,6 +140,11 @@ def append_finals_once(client: redis.Redis, config: Config, finals: list[tuple[s
             if attempt:
                 raise
             client.script_load(APPEND_FINAL_ONCE)
+
+
+def _final_once_args(config: Config, event: StreamEvent) -> tuple[str, str, int, int]:
+    """APPEND_FINAL_ONCE's ARGV for `event`."""
+    return json.dumps(event.to_dict()), EventType.FINAL.value, config.stream_maxlen, config.stream_ttl_s
 
 
 def _text(value: str | bytes) -> str:

@@ -4,6 +4,7 @@ gets its own outcome, and a failure of the write reaches every caller in it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -41,8 +42,10 @@ def test_results_waiting_are_written_together_and_each_caller_gets_its_outcome(m
     others = [threading.Thread(target=record, args=(request_id,)) for request_id in ("b", "c-taken", "d")]
     for thread in others:
         thread.start()
+    deadline = time.monotonic() + 5
     while len(writer._waiting) < 3:  # all three wait while the first write runs
-        threading.Event().wait(0.01)
+        assert time.monotonic() < deadline, "the three results did not reach the writer"
+        time.sleep(0.01)
     release_first_write.set()
     for thread in [first, *others]:
         thread.join(5)
