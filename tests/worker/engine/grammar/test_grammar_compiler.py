@@ -110,10 +110,14 @@ def test_a_spec_compiles_once_and_a_failure_is_remembered(tiny_model_dir: Path) 
     assert grammars.num_compiles == 2
 
 
+ONLY_ITSELF = {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}
+
+
 @pytest.mark.parametrize(
     ("kind", "value"),
     [
-        (GrammarKind.JSON_SCHEMA, json.dumps({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})),
+        # a definition whose only branch is itself (xgrammar 0.2.9 refuses a bare `$ref` chain as it compiles)
+        (GrammarKind.JSON_SCHEMA, json.dumps(ONLY_ITSELF)),
         (GrammarKind.REGEX, "[^\\s\\S]"),
         (GrammarKind.GRAMMAR, 'root ::= a\na ::= a "x"'),
     ],
