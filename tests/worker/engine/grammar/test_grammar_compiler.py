@@ -128,6 +128,15 @@ def test_a_grammar_matching_no_text_is_the_request_error(tiny_model_dir: Path, k
     assert error.value.param == "p"
 
 
+def test_a_bare_self_reference_is_the_request_error_whichever_way_xgrammar_sees_it(tiny_model_dir: Path) -> None:
+    """A `$ref` that only refers to itself: xgrammar 0.2.9 and later refuse it as they compile, 0.2.8 compiles it to
+    a grammar that matches no text. Either way the request fails alone, with its field named."""
+    bare = json.dumps({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})
+    with pytest.raises(GrammarError, match=r"^p (does not compile|can never be matched)") as error:
+        compiler(tiny_model_dir).compile(GrammarSpec(GrammarKind.JSON_SCHEMA, bare, "p"))
+    assert error.value.param == "p"
+
+
 def test_a_compile_past_the_time_limit_is_the_request_error(tiny_model_dir: Path) -> None:
     properties = {f"p{i}": {"type": "string", "pattern": "[a-z]{3,9}@[a-z]{2,8}\\.(com|org)"} for i in range(200)}
     slow = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps({"type": "object", "properties": properties}), "guided_json")
