@@ -5,7 +5,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HOST=0.0.0.0
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY api api
 COPY tasks tasks
 COPY worker worker
@@ -14,7 +14,7 @@ COPY steering steering
 COPY scripts scripts
 COPY migrations migrations
 COPY alembic.ini ./
-RUN pip install torch==2.13.0 && pip install -e .
+RUN pip install torch==2.13.0 && pip install -c constraints.txt -e .
 # The code stays root's and read-only to the service; var/ (a SQLite file, if one is used), built/ (the tiny model
 # docker-compose builds into a volume mounted there, which takes this folder's owner) and the caches are its own.
 RUN useradd --system --create-home --uid 10001 steerbatch \

@@ -11,13 +11,14 @@ setup: $(INSTALLED) model sae
 
 # torch goes in first and pinned: an unpinned torch pulls gigabytes of CUDA wheels on a CPU machine.
 # A GPU machine may install its CUDA build of torch $(TORCH_VERSION) into .venv beforehand; it is kept.
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
 		|| $(PY) -m pip install -q torch==$(TORCH_VERSION)
-	# the gptq extra: GPTQ and AWQ served and tested on CPU (pyproject.toml says what it builds and pins)
-	$(PY) -m pip install -q -e ".[dev,gptq]"
+	# the gptq extra: GPTQ and AWQ served and tested on CPU (pyproject.toml says what it builds and pins); every
+	# version as constraints.txt pins it, so a fresh machine gets what the suite last passed with
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,gptq]"
 	touch $(INSTALLED)
 
 model: $(INSTALLED)
