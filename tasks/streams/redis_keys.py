@@ -33,6 +33,10 @@ class RedisKeys:
     def batch_stream(self, batch_id: str) -> str:
         return f"{self.prefix}stream:batch:{batch_id}"
 
+    def batch_published_lines(self, batch_id: str) -> str:
+        """The line numbers whose event the batch's stream has, so that each line's is written once."""
+        return f"{self.prefix}lines:batch:{batch_id}"
+
     def batch_stop_flag(self, batch_id: str) -> str:
         return f"{self.prefix}stop:batch:{batch_id}"
 

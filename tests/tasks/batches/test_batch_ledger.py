@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from tasks.batches.events import read_stop_flags
+from tasks.batches.events import publish_lines, read_stop_flags
 from tasks.batches.finalize import finalize_if_done
 from tasks.batches.line_outcomes import LineOutcome, finish_lines
 from tasks.batches.messages import ChunkTask
@@ -177,6 +177,38 @@ def test_what_is_published_before_each_commit_comes_before_any_closer_can_see_th
     assert not any(closed for _, closed in published), "a closer saw the lines finished before their events"
     with make_session_factory(db_engine)() as closer:
         assert finalize_if_done(closer, batch_id) is not is_one_line_taken  # the taken line is still running
+
+
+def test_a_line_published_by_a_run_that_died_before_its_commit_is_not_published_again(
+    session: Session, redis_url: str
+) -> None:
+    """A line's event goes out before its commit; a worker killed between the two leaves the line open, and the run
+    that finishes it again publishes it again. The stream still has one event for it, and the other lines' events."""
+    config = dataclasses.replace(CONFIG, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:")
+    client = redis.Redis.from_url(redis_url)
+    batch_id = make_batch(session, 3)
+    [chunk] = dispatch_chunks(session, CONFIG)
+    lines = claim_chunk(session, chunk, "w#1", lease_s=30)
+
+    def publish_then_die(recorded: dict[int, LineStatus]) -> None:
+        publish_lines(client, config, session, batch_id, [(line, recorded[line.id]) for line in lines[:2]])
+        raise SystemExit("killed before the commit")
+
+    with pytest.raises(SystemExit):
+        finish_lines(session, "w#1", {line.id: done() for line in lines[:2]}, publish_then_die)
+    session.rollback()
+    assert statuses(session, batch_id) == ["running"] * 3  # nothing was recorded
+
+    def publish(recorded: dict[int, LineStatus]) -> None:
+        finished = [(line, recorded[line.id]) for line in lines if line.id in recorded]
+        publish_lines(client, config, session, batch_id, finished)
+
+    assert len(finish_lines(session, "w#1", {line.id: done("again") for line in lines}, publish)) == 3
+    publish(dict.fromkeys([line.id for line in lines[1:]], LineStatus.COMPLETED))  # a third run of two of them
+    entries = client.xrange(RedisKeys(config.redis_prefix).batch_stream(batch_id))
+    line_numbers = [json.loads(fields[b"event"])["line_no"] for _, fields in entries]
+    assert sorted(line_numbers) == [1, 2, 3]
+    client.delete(*client.keys(f"{config.redis_prefix}*"))
 
 
 def test_a_redelivered_chunk_claims_nothing_and_a_result_is_recorded_once(session: Session) -> None:
