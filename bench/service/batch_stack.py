@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
 import socket
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,14 +52,35 @@ def free_port() -> int:
 
 @contextmanager
 def running_stack(config: Config) -> Iterator[Stack]:
+    """The stack, stopped however the bench ends, a SIGTERM included: its processes run in sessions of their own, so
+    a bench killed without stopping them would leave them running, and their CPU in every measurement after it."""
     log_dir = Path(tempfile.mkdtemp(prefix="steerbatch-bench-logs-"))
     stack = Stack(config, log_dir=log_dir, api_key=launcher_key(config, f"bench-{config.redis_prefix.strip(':')}"))
-    stack.start()
-    logger.info("stack up at %s (logs in %s)", stack.base_url, stack.log_dir)
+    with _sigterm_as_interrupt():
+        try:
+            stack.start()
+            logger.info("stack up at %s (logs in %s)", stack.base_url, stack.log_dir)
+            yield stack
+        finally:
+            stack.stop()
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread meanwhile, so that `finally` blocks run (Python's default
+    for SIGTERM ends the process without them); a stack started off the main thread cannot set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        yield stack
+        yield
     finally:
-        stack.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def client_for(stack: Stack) -> OpenAI:
