@@ -9,8 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -152,6 +155,25 @@ class Stack:
             if process.is_running():
                 _stop(process)
         self.processes.clear()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread meanwhile, so that a launcher's `finally` stops its stack:
+    the children run in sessions of their own, and Python's default for SIGTERM ends the launcher without them. Off
+    the main thread no handler can be set, and this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _stop(process: ManagedProcess) -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import signal
 import socket
 import tempfile
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +19,7 @@ from openai.types import Batch
 from transformers import PreTrainedTokenizerFast
 
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
-from scripts.stack import Stack, launcher_key
+from scripts.stack import Stack, launcher_key, sigterm_as_interrupt
 from tasks.config import Config
 
 logger = logging.getLogger(__name__)
@@ -56,31 +54,13 @@ def running_stack(config: Config) -> Iterator[Stack]:
     a bench killed without stopping them would leave them running, and their CPU in every measurement after it."""
     log_dir = Path(tempfile.mkdtemp(prefix="steerbatch-bench-logs-"))
     stack = Stack(config, log_dir=log_dir, api_key=launcher_key(config, f"bench-{config.redis_prefix.strip(':')}"))
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         try:
             stack.start()
             logger.info("stack up at %s (logs in %s)", stack.base_url, stack.log_dir)
             yield stack
         finally:
             stack.stop()
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt in the main thread meanwhile, so that `finally` blocks run (Python's default
-    for SIGTERM ends the process without them); a stack started off the main thread cannot set a handler."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def client_for(stack: Stack) -> OpenAI:
