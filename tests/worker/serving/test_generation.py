@@ -192,3 +192,20 @@ def test_stop_string_ends_the_request_and_stays_out_of_the_text(handler: Generat
     assert record.result.finish_reason == "stop"  # type: ignore[union-attr]
     assert record.result.text == full[: full.index(stop)]  # type: ignore[union-attr]
     assert "".join(e.text for e in stream_events(handler, cut.request_id)) == record.result.text  # type: ignore[union-attr]
+
+
+def test_a_choice_a_stop_string_ends_is_cancelled_in_the_engine(
+    handler: GenerationHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop string ends a choice while the engine still generates it: the engine must be told to stop, or the row
+    would run on to max_tokens. The stop string is cut from the model's own text, so any weights reach it."""
+    whole = accept(handler, "the cat", ignore_eos=True)
+    handler.handle(whole)
+    text = stored(handler, whole.request_id).result.text  # type: ignore[union-attr]
+    cancelled: list[str] = []
+    cancel = handler.engine.cancel
+    monkeypatch.setattr(handler.engine, "cancel", lambda request_id: (cancelled.append(request_id), cancel(request_id)))
+    cut = accept(handler, "the cat", ignore_eos=True, max_tokens=256, stop=(text[3:6],))
+    handler.handle(cut)
+    assert stored(handler, cut.request_id).result.finish_reason == "stop"  # type: ignore[union-attr]
+    assert cut.request_id in cancelled
