@@ -4,6 +4,7 @@ length, kept connections reused, and a connection the server closed replaced."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 from bench.service.http_stream import ConnectionPool
@@ -12,9 +13,12 @@ CHUNKED_PIECES = [b'data: {"a"', b": 1}\n\nda", b"ta: [DONE]\n", b"\n"]
 
 
 async def _serve(handler_log: list[dict], close_after: int | None = None) -> asyncio.Server:
-    """Answers each POST with its JSON body's `mode`: `chunked` (SSE lines split across chunks) or `length`."""
+    """Answers each POST with its JSON body's `mode`: `chunked` (SSE lines split across chunks) or `length`.
+    Each connection is logged by its number in accept order: `id(writer)` is reused once a closed writer is freed."""
+    connection_numbers = itertools.count()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = next(connection_numbers)
         served = 0
         while True:
             try:
@@ -25,7 +29,7 @@ async def _serve(handler_log: list[dict], close_after: int | None = None) -> asy
                 int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
             )
             body = json.loads(await reader.readexactly(length))
-            handler_log.append({"body": body, "connection": id(writer)})
+            handler_log.append({"body": body, "connection": connection})
             if body["mode"] == "chunked":
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
