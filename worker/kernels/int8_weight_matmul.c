@@ -47,7 +47,13 @@ static inline float_vector load_floats(const float *values) {
  * loads, 20 loads a step for 16 FMAs, where Zen 4 issues one 64-byte load and one 16-lane FMA a cycle, so loads
  * bound the loop. Held in a register, a step is 8 loads (4 of x, 4 of codes) for 16 FMAs: at 32 rows on one thread,
  * 66 against 61 GFLOP/s (bench.quantization.kernel_timing). */
+#if defined(__AVX512F__)
 #define KEEP_IN_REGISTER(value) __asm__("" : "+v"(value))
+#else
+/* a 16-lane vector is two AVX2 registers (or more without AVX2): no one register can hold it, and GCC refuses the
+ * constraint ("impossible constraint in asm") */
+#define KEEP_IN_REGISTER(value) ((void)0)
+#endif
 
 /* ROWS rows of x against COLS weight rows: ROWS x COLS sums, each a vector of lanes summed at the end, so that every
  * widened weight vector feeds ROWS FMAs and every loaded x vector COLS. */
