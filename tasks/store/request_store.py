@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -30,17 +31,35 @@ def get_owned_request(session: Session, request_id: str, tenant: str) -> Request
 
 def claim_request(session: Session, request_id: str, worker: str) -> RequestStatus | None:
     """Mark a queued request running on `worker`; returns the status it had before (None if unknown)."""
-    claimed = session.execute(
-        update(RequestRecord)
-        .where(RequestRecord.id == request_id, RequestRecord.status == RequestStatus.QUEUED.value)
-        .values(status=RequestStatus.RUNNING.value, started_at=datetime.now(timezone.utc), worker=worker)
+    return claim_requests(session, [request_id], worker)[0]
+
+
+def claim_requests(session: Session, request_ids: Sequence[str], worker: str) -> list[RequestStatus | None]:
+    """`claim_request` for each id, in one UPDATE, one SELECT of those it did not claim and one commit. An id given
+    twice is claimed by its first: the second finds it running, as it would a moment later."""
+    unique = list(dict.fromkeys(request_ids))
+    claimed = set(
+        session.scalars(
+            update(RequestRecord)
+            .where(RequestRecord.id.in_(unique), RequestRecord.status == RequestStatus.QUEUED.value)
+            .values(status=RequestStatus.RUNNING.value, started_at=datetime.now(timezone.utc), worker=worker)
+            .returning(RequestRecord.id),
+            execution_options={"synchronize_session": False},
+        )
     )
+    rest = [request_id for request_id in unique if request_id not in claimed]
+    previous: dict[str, RequestStatus] = {}
+    if rest:
+        found = session.execute(select(RequestRecord.id, RequestRecord.status).where(RequestRecord.id.in_(rest)))
+        previous.update((request_id, RequestStatus(status)) for request_id, status in found)
     session.commit()
-    if claimed.rowcount == 1:
-        return RequestStatus.QUEUED
-    status = session.scalar(select(RequestRecord.status).where(RequestRecord.id == request_id))
-    session.commit()
-    return RequestStatus(status) if status is not None else None
+    previous.update((request_id, RequestStatus.QUEUED) for request_id in claimed)
+    answers: list[RequestStatus | None] = []
+    for position, request_id in enumerate(request_ids):
+        status = previous.get(request_id)
+        is_repeat = request_id in request_ids[:position]
+        answers.append(RequestStatus.RUNNING if is_repeat and status == RequestStatus.QUEUED else status)
+    return answers
 
 
 def record_result(

@@ -43,8 +43,7 @@ class TaskRunner:
     def claim(self, request_id: str) -> bool:
         """Moves the request's row from queued to running on this worker; False when there is nothing to run: unknown,
         already finished, or redelivered after a worker died."""
-        with self.sessions() as session:
-            previous = claim_request(session, request_id, self.worker)
+        previous = self.status_before_claim(request_id)
         if previous is None:
             logger.warning("request %s is not in the database; dropping it", request_id)
             return False
@@ -57,3 +56,9 @@ class TaskRunner:
             fail_if_orphaned(self.sessions, self.redis, self.config, request_id)
             return False
         return True
+
+    def status_before_claim(self, request_id: str) -> RequestStatus | None:
+        """Claims the request's row alone, in a transaction of its own; a runner whose requests start together claims
+        them together."""
+        with self.sessions() as session:
+            return claim_request(session, request_id, self.worker)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from tasks.messages.generation import ErrorInfo, FinishReason
 from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.store.models import RequestRecord, RequestStatus
-from tasks.store.request_store import claim_request, create_request, get_request, record_result
+from tasks.store.request_store import claim_request, claim_requests, create_request, get_request, record_result
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -69,6 +69,27 @@ def test_abort_and_error_map_to_statuses(session: Session) -> None:
     assert get_request(session, "chatcmpl-c").status == "failed"  # type: ignore[union-attr]
     assert claim_request(session, "chatcmpl-c", "w1") == RequestStatus.FAILED
     assert claim_request(session, "chatcmpl-missing", "w1") is None
+
+
+def test_claims_together_answer_as_claims_one_after_another(session: Session) -> None:
+    for request_id in ("q1", "q2", "taken", "done"):
+        create_request(session, new_record(request_id))
+    claim_request(session, "taken", "w0")
+    record_result(session, "done", text="", completion_tokens=1, finish_reason=FinishReason.STOP)
+    ids = ["q1", "taken", "missing", "q2", "done", "q1"]
+    assert claim_requests(session, ids, "w1") == [
+        RequestStatus.QUEUED,
+        RequestStatus.RUNNING,
+        None,
+        RequestStatus.QUEUED,
+        RequestStatus.COMPLETED,
+        RequestStatus.RUNNING,  # its first claim in the same write took it
+    ]
+    session.expire_all()
+    workers = {request_id: get_request(session, request_id).worker for request_id in ("q1", "q2", "taken")}  # type: ignore[union-attr]
+    assert workers == {"q1": "w1", "q2": "w1", "taken": "w0"}
+    assert get_request(session, "q2").status == RequestStatus.RUNNING.value  # type: ignore[union-attr]
+    assert get_request(session, "q2").started_at is not None  # type: ignore[union-attr]
 
 
 def test_migrations_upgrade_a_database_made_at_the_first_revision(tmp_path: Path) -> None:

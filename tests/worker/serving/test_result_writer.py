@@ -43,7 +43,7 @@ def test_results_waiting_are_written_together_and_each_caller_gets_its_outcome(m
     for thread in others:
         thread.start()
     deadline = time.monotonic() + 5
-    while len(writer._waiting) < 3:  # all three wait while the first write runs
+    while writer.num_waiting < 3:  # all three wait while the first write runs
         assert time.monotonic() < deadline, "the three results did not reach the writer"
         time.sleep(0.01)
     release_first_write.set()
