@@ -64,9 +64,11 @@ def claim_requests(session: Session, request_ids: Sequence[str], worker: str) ->
     session.commit()
     previous.update((request_id, RequestStatus.QUEUED) for request_id in claimed)
     answers: list[RequestStatus | None] = []
-    for position, request_id in enumerate(request_ids):
+    answered: set[str] = set()
+    for request_id in request_ids:
         status = previous.get(request_id)
-        is_repeat = request_id in request_ids[:position]
+        is_repeat = request_id in answered
+        answered.add(request_id)
         answers.append(RequestStatus.RUNNING if is_repeat and status == RequestStatus.QUEUED else status)
     return answers
 

@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 # machine), throughput was higher and first tokens sooner in all three: 2,048/2,110, 1,887/2,741 and 2,152/2,197
 # tok/s, TTFT p50 498/483, 495/356 and 453/436 ms. A dead engine fails its requests within half a second.
 ENGINE_CHECK_S = 0.5
-MAX_CLAIMS_PER_WRITE = 256  # a bound on one transaction's size; more waiting are the next write's
 
 
 @dataclass(frozen=True)
@@ -82,9 +81,7 @@ class GenerationHandler(TaskRunner):
         self.results = ResultWriter(self.sessions, self.redis, self.config)
         self.results.start()
         # a burst's claims, each a transaction of its own, took the database's write lock in turn
-        self.claims: WrittenTogether[str, RequestStatus | None] = WrittenTogether(
-            "claim-writer", self._claim_together, MAX_CLAIMS_PER_WRITE
-        )
+        self.claims: WrittenTogether[str, RequestStatus | None] = WrittenTogether("claim-writer", self._claim_together)
         self.claims.start()
 
     def close(self) -> None:

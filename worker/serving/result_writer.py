@@ -11,17 +11,13 @@ from tasks.store.db import SessionFactory
 from tasks.store.finish_together import Outcome, RequestResult, finish_requests
 from worker.serving.written_together import WrittenTogether
 
-MAX_RESULTS_PER_WRITE = 256  # a bound on one transaction's size; more waiting are the next write's
-
 
 class ResultWriter:
     def __init__(self, sessions: SessionFactory, client: redis.Redis, config: Config) -> None:
         self._sessions = sessions
         self._client = client
         self._config = config
-        self._writes: WrittenTogether[RequestResult, bool] = WrittenTogether(
-            "result-writer", self._write, MAX_RESULTS_PER_WRITE
-        )
+        self._writes: WrittenTogether[RequestResult, bool] = WrittenTogether("result-writer", self._write)
 
     def start(self) -> None:
         self._writes.start()

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 logger = logging.getLogger(__name__)
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
+MAX_ITEMS_PER_WRITE = 256  # a bound on one transaction's size; more waiting are the next write's
 
 
 @dataclass(eq=False)
@@ -27,10 +28,9 @@ class WrittenTogether(Generic[Item, Answer]):
     """`write` takes the items waiting and returns one answer per item, in order: an exception as an answer is raised
     in that item's caller; an exception `write` raises is raised in every caller of that write."""
 
-    def __init__(self, name: str, write: Callable[[list[Item]], Sequence[Answer | Exception]], max_items: int) -> None:
+    def __init__(self, name: str, write: Callable[[list[Item]], Sequence[Answer | Exception]]) -> None:
         self._name = name
         self._write = write
-        self._max_items = max_items  # a bound on one write's size; more waiting are the next write's
         self._has_work = threading.Condition()
         self._waiting: list[_Waiting[Item, Answer]] = []
         self._is_stopping = False
@@ -69,7 +69,7 @@ class WrittenTogether(Generic[Item, Answer]):
         while True:
             with self._has_work:
                 self._has_work.wait_for(lambda: self._waiting or self._is_stopping)
-                taken, self._waiting = self._waiting[: self._max_items], self._waiting[self._max_items :]
+                taken, self._waiting = self._waiting[:MAX_ITEMS_PER_WRITE], self._waiting[MAX_ITEMS_PER_WRITE:]
                 if not taken and self._is_stopping:
                     return
             answers = self._answers([waiting.item for waiting in taken])
