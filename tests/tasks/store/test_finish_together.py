@@ -4,6 +4,7 @@ each, on SQLite and PostgreSQL with a real Redis."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,7 +60,7 @@ def queued(sessions: SessionFactory, prompt_tokens: int = 5) -> str:
                 status=RequestStatus.QUEUED.value,
                 body={},
                 prompt_tokens=prompt_tokens,
-                created=1700000000,
+                created=int(time.time()),  # a live stack's reaper on this database fails older queued rows
             ),
         )
     return request_id
