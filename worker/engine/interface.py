@@ -104,6 +104,8 @@ class EngineOutput:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineOutput:
+        if len(data) == 2:  # a request id and its tokens (`to_dict` leaves out what a step did not set): most outputs
+            return cls(data["request_id"], data["new_token_ids"])
         finish_reason = data.get("finish_reason")
         steering = data.get("steering")
         return cls(

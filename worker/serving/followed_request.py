@@ -44,7 +44,7 @@ class FollowedRequest:
         whatever number of engine steps they span); cancels a choice in the engine that a stop string ended first."""
         deltas: list[tuple[int, ChoiceDelta]] = []
         open_delta_at: dict[int, int] = {}  # by choice index: where in `deltas` its outputs are being joined
-        for output in outputs:
+        for output in self._joined(outputs):
             choice = self.choices[output.request_id]
             if choice.is_done:
                 continue  # the abort that follows a stop string
@@ -64,9 +64,48 @@ class FollowedRequest:
                 engine.cancel(choice.engine_request_id)
         return [event for index, delta in deltas if (event := _delta_event(index, delta)) is not None]
 
+    def _joined(self, outputs: list[EngineOutput]) -> list[EngineOutput]:
+        """`outputs` with each run of a choice's token-only outputs as one: a pass takes a stream's outputs of
+        several engine steps (one a step), and a choice detokenizes and checks each output's tokens with the same
+        Python around them whatever their number."""
+        joined: list[EngineOutput] = []
+        for output in outputs:
+            last = joined[-1] if joined else None
+            if (
+                last is not None
+                and last.request_id == output.request_id
+                and last.finish_reason is None
+                and _carries_only_tokens(last)
+                and _carries_only_tokens(output)
+                and self.choices[output.request_id].takes_joined_outputs
+            ):
+                joined[-1] = EngineOutput(
+                    output.request_id,
+                    last.new_token_ids + output.new_token_ids,
+                    output.finish_reason,
+                    num_cached_tokens=max(last.num_cached_tokens, output.num_cached_tokens),
+                    num_proposed_tokens=max(last.num_proposed_tokens, output.num_proposed_tokens),
+                    num_accepted_tokens=max(last.num_accepted_tokens, output.num_accepted_tokens),
+                )
+            else:
+                joined.append(output)
+        return joined
+
     @property
     def has_ended(self) -> bool:
         return self.error is not None or all(choice.is_done for choice in self.choices.values())
+
+
+def _carries_only_tokens(output: EngineOutput) -> bool:
+    """Tokens, a finish reason and the cumulative counts: nothing applied per output (logprobs, an error, steering,
+    monitored positions, prompt scores)."""
+    return (
+        output.error is None
+        and not output.logprobs
+        and output.steering is None
+        and not output.monitor
+        and not output.prompt_logprobs
+    )
 
 
 def _delta_event(index: int, delta: ChoiceDelta) -> StreamEvent | None:

@@ -84,6 +84,13 @@ class Choice:
     def is_done(self) -> bool:
         return self.finish_reason is not None or self.error is not None
 
+    @property
+    def takes_joined_outputs(self) -> bool:
+        """Whether outputs that carry only tokens may be applied as one: the same text, token ids and counts as one
+        at a time. Not with stop strings (tokens after the one that completes a stop string are not the choice's),
+        tool calls (text after a call stays after it) or a prompt still to show (it comes with the first output)."""
+        return self.tool_calls is None and self.prompt is None and not self.text_stream.has_stop_strings
+
     def apply(self, output: EngineOutput, tokenizer: PreTrainedTokenizerFast) -> ChoiceDelta:
         if output.error is not None:
             self.error_param = output.error_param

@@ -15,6 +15,10 @@ class StopStringMatcher:
         self._held = ""
         self.is_stopped = False
 
+    @property
+    def has_stop_strings(self) -> bool:
+        return bool(self._stops)
+
     def feed(self, new_text: str) -> tuple[str, bool]:
         """Returns (text safe to emit now, whether a stop string has been reached)."""
         if self.is_stopped:

@@ -20,6 +20,10 @@ class TextStream:
     def is_stopped(self) -> bool:
         return self._stops.is_stopped
 
+    @property
+    def has_stop_strings(self) -> bool:
+        return self._stops.has_stop_strings
+
     def push(self, token_ids: list[int], is_stop_token_last: bool = False) -> str:
         """The new text safe to show; is_stopped turns true when a stop string appeared. A stop token (EOS or a stop
         token id) that ended generation shows no text unless include_stop_str_in_output, as in vLLM."""
