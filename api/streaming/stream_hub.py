@@ -41,6 +41,9 @@ class StreamHub:
         self._wake_after = STREAM_START
         self._lock = threading.Lock()
         self._readers: dict[_Reader, None] = {}
+        # a wake entry is written that no read of the hub has started after: a reader added meanwhile is in that
+        # read's positions, so a burst of new readers wakes the hub once, not once each (and re-reads all its streams)
+        self._is_wake_written = False
         self._thread: threading.Thread | None = None  # started with the first reader, ended after the last
 
     def read_json(self, key: str, after_id: str, block_ms: int) -> Iterator[tuple[str, dict] | None]:
@@ -79,10 +82,18 @@ class StreamHub:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="stream-hub", daemon=True)
                 self._thread.start()
+            if self._is_wake_written:
+                return
+            self._is_wake_written = True
         pipe = self._client.pipeline(transaction=False)
         pipe.xadd(self._wake_key, {"reader": reader.key}, maxlen=16, approximate=True)
         pipe.expire(self._wake_key, WAKE_STREAM_TTL_S)
-        pipe.execute()
+        try:
+            pipe.execute()
+        except redis.RedisError:
+            with self._lock:
+                self._is_wake_written = False  # the next reader tries again
+            raise
 
     def _run(self) -> None:
         while True:
@@ -91,6 +102,7 @@ class StreamHub:
                     self._thread = None
                     return
                 readers = list(self._readers)
+                self._is_wake_written = False  # a reader added from now on is not in this read: it wakes the hub
             try:
                 reply = self._client.xread(self._positions(readers), count=ENTRIES_PER_READ, block=BLOCK_MS)
                 self._deliver(reply or [], readers)

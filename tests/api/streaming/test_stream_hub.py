@@ -3,6 +3,7 @@ at once, failures raised in every reader, the thread gone with the last reader."
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,6 +68,42 @@ def test_a_new_reader_is_heard_without_waiting_out_the_hubs_xread(
     assert time.monotonic() - started < 5
     waiting.close()
     newcomer.close()
+
+
+def test_a_burst_of_new_readers_wakes_the_hub_once_and_each_is_heard(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stream_hub, "BLOCK_MS", 30_000)
+    hub, client = hub_for(config)
+    keys = RedisKeys(config.redis_prefix)
+    waiting = hub.read_json(keys.request_stream("first"), STREAM_START, 30_000)
+    append_json(client, config, keys.request_stream("first"), {"n": 0})
+    next(waiting)  # the hub is now blocked in an XREAD of `first` alone
+    # the hub takes the first newcomer's wake and then waits, before it reads again, until all have been added
+    gate, woken = threading.Event(), threading.Event()
+    deliver = hub._deliver
+
+    def held_deliver(reply: list, readers: list) -> None:
+        deliver(reply, readers)
+        woken.set()
+        gate.wait(10)
+
+    monkeypatch.setattr(hub, "_deliver", held_deliver)
+    wake_key = keys.stream_hub_wake("test")
+    wakes_before = client.xlen(wake_key)
+    newcomers = [hub.read_json(keys.request_stream(f"new-{n}"), STREAM_START, 50) for n in range(8)]
+    assert next(newcomers[0]) is None and woken.wait(5)
+    for newcomer in newcomers[1:]:
+        assert next(newcomer) is None  # added: it waited 50 ms for an entry
+    assert client.xlen(wake_key) == wakes_before + 1, "one wake for the eight"
+    gate.set()
+    entry_ids = [append_json(client, config, keys.request_stream(f"new-{n}"), {"n": n}) for n in range(8)]
+    started = time.monotonic()
+    for n, newcomer in enumerate(newcomers):
+        assert next(item for item in newcomer if item is not None) == (entry_ids[n], {"n": n})
+    assert time.monotonic() - started < 5, "heard at once, not after the hub's 30 s XREAD"
+    for reader in (waiting, *newcomers):
+        reader.close()
 
 
 def test_a_failed_pass_is_raised_in_every_reader_and_the_next_reader_starts_over(config: Config) -> None:
