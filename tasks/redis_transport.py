@@ -1,5 +1,6 @@
-"""kombu's Redis transport with three changes: a Redis restart never ends a Celery worker, one Redis client serves
-every command kombu sends outside its poll, and a worker takes the messages waiting on a queue in one read.
+"""kombu's Redis transport with four changes: a Redis restart never ends a Celery worker, one Redis client serves
+every command kombu sends outside its poll, a worker takes the messages waiting on a queue in one read, and the acks
+of one pass of a worker's event loop are written together.
 
 When the broker connection drops, Celery's consumer first `collect()`s the connection, which detaches the transport
 from it (`transport.client = None`) but keeps the default channel, then `close()`s it. Closing that channel tries to
@@ -17,6 +18,8 @@ from the pool per command, as each new one did), so the channel keeps one per po
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from queue import Empty
 from typing import Any
@@ -36,6 +39,7 @@ class QoS(kombu_redis.QoS):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._recorded: set[str] = set()
+        self._acks_waiting: list[str] = []  # acked on the event loop's thread, written at the end of its pass
 
     def record_unacked(self, pipe: redis.client.Pipeline, payloads: list[dict[str, Any]]) -> None:
         now = time.time()
@@ -51,6 +55,35 @@ class QoS(kombu_redis.QoS):
     def forget_recorded(self, payloads: list[dict[str, Any]]) -> None:
         """After a read's deliveries: a tag not appended (a delivery that raised) must not skip a later record."""
         self._recorded.difference_update(payload["properties"]["delivery_tag"] for payload in payloads)
+
+    def ack(self, delivery_tag: str) -> None:
+        """A Celery worker acks on its event loop's thread: each task's ack is a callback the loop runs at the top of
+        its next pass, one round trip each. Those acks free their prefetch slots at once and are written together
+        when the loop's pass ends (`Transport.write_waiting_acks`, before it polls again). An ack from any other
+        thread, or with no event loop, is written at once, as kombu does."""
+        if getattr(self.channel.connection, "loop_thread", None) != threading.get_ident():
+            super().ack(delivery_tag)
+            return
+        virtual.QoS.ack(self, delivery_tag)
+        self._acks_waiting.append(delivery_tag)
+
+    def write_waiting_acks(self) -> None:
+        tags, self._acks_waiting = self._acks_waiting, []
+        if not tags:
+            return
+        try:
+            with self.pipe_or_acquire() as pipe:
+                pipe.zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
+        except BaseException:
+            self._acks_waiting[:0] = tags  # tried again with the next pass's, or at the channel's close
+            raise
+
+    def restore_unacked_once(self, stderr: Any = None) -> Any:
+        """At the channel's close: the acks still waiting are written first, so that their messages are not put back
+        (when Redis refuses, they are, and the claim of a request that already ended turns its rerun away)."""
+        with contextlib.suppress(redis.RedisError):
+            self.write_waiting_acks()
+        return super().restore_unacked_once(stderr)
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self._recorded:
@@ -130,3 +163,14 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+    loop_thread: int | None = None  # the thread of the event loop this transport is registered with
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)
+        self.loop_thread = threading.get_ident()
+        loop.on_tick.add(self.write_waiting_acks)  # the loop runs its tick callbacks after its pass, before its poll
+
+    def write_waiting_acks(self) -> None:
+        for channel in self.channels:
+            if channel._qos is not None:
+                channel._qos.write_waiting_acks()

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import uuid
+from collections.abc import Callable
 
 import redis
 from kombu import Connection, Queue
+from kombu.asynchronous import Hub
 from kombu.message import Message
 
 from tasks.redis_transport import TRANSPORT
@@ -90,6 +93,72 @@ def test_messages_taken_together_and_not_acknowledged_go_back_on_their_queue(red
     finally:
         client.delete(queue)
         client.close()
+
+
+def test_acks_on_the_event_loops_thread_are_written_together_when_its_pass_ends(redis_url: str) -> None:
+    queue = f"test-transport-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_url)
+    messages: list[Message] = []
+    try:
+        with Connection(redis_url, transport=TRANSPORT) as connection:
+            channel = connection.default_channel
+            producer = connection.Producer(channel)
+            for number in range(6):
+                producer.publish({"n": number}, routing_key=queue, declare=[Queue(queue)])
+            with connection.Consumer([Queue(queue)], channel=channel, callbacks=[_keep(messages)]) as consumer:
+                consumer.qos(prefetch_count=6)
+                connection.drain_events(timeout=5)
+                assert len(messages) == 6
+                tags = [message.delivery_tag for message in messages]
+                loop = Hub()
+                try:
+                    connection.transport.register_with_event_loop(connection.connection, loop)
+                    assert connection.transport.write_waiting_acks in loop.on_tick
+                    for message in messages[:5]:
+                        message.ack()  # on the loop's thread, as a worker's acks are
+                    assert channel.qos.can_consume_max_estimate() == 5, "their prefetch slots are free at once"
+                    assert all(client.hexists(channel.unacked_key, tag) for tag in tags[:5]), "not written yet"
+                    connection.transport.write_waiting_acks()  # the loop's tick after its pass
+                    assert not any(client.hexists(channel.unacked_key, tag) for tag in tags[:5])
+                    assert client.zscore(channel.unacked_index_key, tags[0]) is None
+                    other_thread = threading.Thread(target=messages[5].ack)
+                    other_thread.start()
+                    other_thread.join(5)
+                    assert not client.hexists(channel.unacked_key, tags[5]), "another thread's ack is written at once"
+                finally:
+                    loop.close()
+    finally:
+        client.delete(queue)
+        client.close()
+
+
+def test_acks_still_waiting_when_the_channel_closes_are_written_not_restored(redis_url: str) -> None:
+    queue = f"test-transport-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_url)
+    messages: list[Message] = []
+    try:
+        with Connection(redis_url, transport=TRANSPORT) as connection:
+            channel = connection.default_channel
+            connection.Producer(channel).publish({"n": 0}, routing_key=queue, declare=[Queue(queue)])
+            with connection.Consumer([Queue(queue)], channel=channel, callbacks=[_keep(messages)]) as consumer:
+                consumer.qos(prefetch_count=2)
+                connection.drain_events(timeout=5)
+                loop = Hub()
+                try:
+                    connection.transport.register_with_event_loop(connection.connection, loop)
+                    messages[0].ack()
+                    channel.qos.restore_unacked_once()
+                finally:
+                    loop.close()
+            assert not client.hexists(channel.unacked_key, messages[0].delivery_tag)
+        assert client.llen(queue) == 0, "an acked message is not put back on its queue"
+    finally:
+        client.delete(queue)
+        client.close()
+
+
+def _keep(messages: list[Message]) -> Callable[[dict, Message], None]:
+    return lambda body, message: messages.append(message)
 
 
 def _body(item: bytes) -> dict:
