@@ -53,7 +53,7 @@ class QoS(kombu_redis.QoS):
         self._recorded.update(records)
 
     def forget_recorded(self, payloads: list[dict[str, Any]]) -> None:
-        """After a read's deliveries: a tag not appended (a delivery that raised) must not skip a later record."""
+        """After a read's deliveries, or its failure: what was not appended must not skip a later record."""
         self._recorded.difference_update(payload["properties"]["delivery_tag"] for payload in payloads)
 
     def ack(self, delivery_tag: str) -> None:
@@ -137,23 +137,23 @@ class Channel(kombu_redis.Channel):
             self._queue_cycle.rotate(queue)
             payloads = [loads(reply[1])]
             room = (self.qos.can_consume_max_estimate() or 1) - 1  # 0: no prefetch limit, take one as kombu does
-            with self.conn_or_acquire() as client:
-                pipe = client.pipeline(transaction=False)
-                self.qos.record_unacked(pipe, payloads)
-                if room > 0:
-                    pipe.rpop(key, room)
-                replies = pipe.execute()
-                more = replies[-1] if room > 0 else None
-                if more:
-                    taken = [loads(item) for item in more]
-                    pipe = client.pipeline(transaction=False)
-                    self.qos.record_unacked(pipe, taken)
-                    pipe.execute()
-                    payloads.extend(taken)
             try:
+                with self.conn_or_acquire() as client:
+                    pipe = client.pipeline(transaction=False)
+                    self.qos.record_unacked(pipe, payloads)
+                    if room > 0:
+                        pipe.rpop(key, room)
+                    replies = pipe.execute()
+                    more = replies[-1] if room > 0 else None
+                    if more:
+                        taken = [loads(item) for item in more]
+                        payloads.extend(taken)
+                        pipe = client.pipeline(transaction=False)
+                        self.qos.record_unacked(pipe, taken)
+                        pipe.execute()
                 for payload in payloads:
                     self.connection._deliver(payload, queue)
-            finally:
+            finally:  # whatever failed: a tag recorded here and never appended must not skip a later record
                 self.qos.forget_recorded(payloads)
             return True
         finally:
