@@ -8,7 +8,7 @@ from tasks.config import Config
 
 # Celery's lines per task received and per task succeeded, left out above DEBUG: a worker already logs each request's
 # end (its id, finish reason and tokens), and these two were 7 % of a chat request's worker CPU in bursts (yappi)
-# the engine. A task that fails is still logged (at ERROR), and Flower still shows every task.
+# outside the engine. A task that fails is still logged (at ERROR), and Flower still shows every task.
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
