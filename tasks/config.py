@@ -34,6 +34,12 @@ class Config:
     # tokens of the steps between go out as one entry and one SSE frame, so Redis, the api and the client handle a
     # frame per interval, not per token, whatever the engine's step rate. 0: every pass of the output processor.
     stream_interval_s: float = 0.02
+    # The frames a second a worker's streams get together: with more streams in flight than that allows at
+    # STREAM_INTERVAL_S, the passes are spaced (streams / this) apart instead (32 streams: 40 ms, 64: 80 ms). Each
+    # frame costs the worker, Redis, the api and the client the same whatever it carries, so at high concurrency a
+    # frame per interval per stream held the CPU the engine needed; a stream's first token and its end still go out
+    # at once. 0: STREAM_INTERVAL_S alone, whatever the number of streams.
+    stream_max_frames_per_s: float = 800.0
     sse_heartbeat_s: float = 15.0
     # A streaming client that drops leaves its request running this long for it (or another) to resume with
     # Last-Event-ID; with nobody reading after it, a worker's request reaper cancels it (tasks/streams/attachments.py).

@@ -10,6 +10,8 @@ once rather than in the api for every token.
 A pass joins each request's outputs into one DELTA, and passes start at most every `stream_interval_s` (a request's
 first token or end starts one at once): what Redis, the api's relay and the client handle per second is bounded by
 the number of streams over the interval, not by the engine's step rate, which on a GPU is tens of times this CPU's.
+With more streams in flight than `stream_max_frames_per_s` allows at that interval, passes are spaced further apart,
+so the frames a second stay within that budget however many streams there are.
 """
 
 from __future__ import annotations
@@ -82,9 +84,11 @@ class OutputProcessor:
         self._pass_ended = threading.Condition(self._lock)
         self._ready: dict[FollowedRequest, None] = {}  # followed requests with pending outputs, in arrival order
         self._is_stopping = False
-        # A pass starts `stream_interval_s` after the one before, unless an output waiting is a request's first
+        # A pass starts `pass_interval_s()` after the one before, unless an output waiting is a request's first
         # token or its end (`_is_urgent`): the steps between join each request's tokens into one entry.
         self._interval_s = config.stream_interval_s
+        self._max_frames_per_s = config.stream_max_frames_per_s
+        self._num_followed = 0  # requests followed and not yet forgotten: the streams a pass may write a frame each
         self._is_urgent = False
         self._last_pass_at = 0.0  # monotonic seconds
         self._thread = threading.Thread(target=self._run, name="output-processor", daemon=True)
@@ -119,6 +123,8 @@ class OutputProcessor:
         `opening` (the START event its claim allows) goes out first, in the same Redis call as the events of the
         outputs waiting, rather than in a round trip of its own before them."""
         with self._lock:
+            if not followed.is_followed and not followed.is_forgotten:
+                self._num_followed += 1
             followed.is_followed = True
             followed.opening = opening
             if followed.pending or opening is not None:
@@ -130,7 +136,7 @@ class OutputProcessor:
         with self._lock:
             if followed.is_forgotten:
                 return
-            followed.is_forgotten = True
+            self._stop_following(followed)
             self._ready.pop(followed, None)
             self._pass_ended.wait_for(lambda: not followed.is_in_pass)
 
@@ -164,10 +170,23 @@ class OutputProcessor:
                         followed.is_in_pass = False
                     self._pass_ended.notify_all()
 
+    def _stop_following(self, followed: FollowedRequest) -> None:
+        """Under the lock: its outputs are dropped from now on."""
+        if not followed.is_forgotten and followed.is_followed:
+            self._num_followed -= 1
+        followed.is_forgotten = True
+
+    def pass_interval_s(self) -> float:
+        """How long after a pass the next one starts, unless an output is urgent: `stream_interval_s`, or the
+        interval at which the streams followed get `stream_max_frames_per_s` frames a second together if longer."""
+        if self._max_frames_per_s <= 0:
+            return self._interval_s
+        return max(self._interval_s, self._num_followed / self._max_frames_per_s)
+
     def _wait_for_interval(self) -> None:
-        """Holds the lock's caller until `stream_interval_s` has passed since the last pass started, an urgent output
+        """Holds the lock's caller until the pass interval has passed since the last pass started, an urgent output
         arrives, or the processor stops."""
-        remaining_s = self._last_pass_at + self._interval_s - time.monotonic()
+        remaining_s = self._last_pass_at + self.pass_interval_s() - time.monotonic()
         if remaining_s > 0:
             self._has_work.wait_for(lambda: self._is_urgent or self._is_stopping, timeout=remaining_s)
 
@@ -228,7 +247,7 @@ class OutputProcessor:
 
     def _end(self, followed: FollowedRequest) -> None:
         with self._lock:
-            followed.is_forgotten = True
+            self._stop_following(followed)
             self._ready.pop(followed, None)  # outputs that arrived during this pass: nothing of it is written now
             followed.pending.clear()
         followed.done.set()

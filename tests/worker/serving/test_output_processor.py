@@ -203,6 +203,55 @@ def test_tokens_between_a_first_token_and_the_end_wait_for_the_stream_interval(
     ]
 
 
+def test_the_pass_interval_grows_past_the_frame_budget_with_the_streams_followed(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    """Streams followed / `stream_max_frames_per_s` when that is longer than `stream_interval_s`; a request counts
+    from its `follow` until it is forgotten or ends, once however often either happens."""
+    budget = dataclasses.replace(config, stream_interval_s=0.02, stream_max_frames_per_s=100.0)
+    processor, _ = start(processors, budget, tokenizer)
+    assert processor.pass_interval_s() == 0.02
+    requests = [followed_request(tokenizer) for _ in range(5)]
+    for followed in requests:
+        processor.follow(followed)
+    processor.follow(requests[0])
+    assert processor.pass_interval_s() == pytest.approx(0.05)
+    processor.forget(requests[0])
+    processor.forget(requests[0])
+    ended = requests[1]
+    processor.put(ended, EngineOutput(ended.request.request_id, [], FinishReason.LENGTH))
+    assert ended.done.wait(10)
+    assert processor.pass_interval_s() == pytest.approx(0.03)
+    unbounded, _ = start(processors, dataclasses.replace(budget, stream_max_frames_per_s=0.0), tokenizer)
+    for followed in [followed_request(tokenizer) for _ in range(5)]:
+        unbounded.follow(followed)
+    assert unbounded.pass_interval_s() == 0.02
+
+
+def test_tokens_between_wait_for_the_frame_budgets_interval_when_it_is_longer(
+    config: Config, tokenizer: PreTrainedTokenizerFast, processors: list[OutputProcessor]
+) -> None:
+    """Two streams at a budget of 0.1 frames a second: passes 20 s apart, though `stream_interval_s` is 10 ms; first
+    tokens and ends still go out at once."""
+    budget = dataclasses.replace(config, stream_interval_s=0.01, stream_max_frames_per_s=0.1)
+    processor, client = start(processors, budget, tokenizer)
+    requests = [followed_request(tokenizer) for _ in range(2)]
+    ids = tokenizer.encode(" a small dog runs", add_special_tokens=False)
+    for followed in requests:
+        processor.follow(followed)
+        processor.put(followed, EngineOutput(followed.request.request_id, ids[:1]))
+    assert all(wait_for_events(client, config, followed, 1) for followed in requests)
+    for token_id in ids[1:]:
+        for followed in requests:
+            processor.put(followed, EngineOutput(followed.request.request_id, [token_id]))
+    time.sleep(0.3)  # thirty times the stream interval
+    assert [len(events(client, config, followed)) for followed in requests] == [1, 1]
+    for followed in requests:
+        processor.put(followed, EngineOutput(followed.request.request_id, [], FinishReason.LENGTH))
+        assert followed.done.wait(10)
+        assert [event.token_ids for event in events(client, config, followed)] == [ids[:1], ids[1:]]
+
+
 def wait_for_events(client: redis.Redis, config: Config, followed: FollowedRequest, count: int) -> bool:
     deadline = time.monotonic() + 10
     while len(events(client, config, followed)) < count:
