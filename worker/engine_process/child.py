@@ -117,8 +117,9 @@ def end_stopped_process() -> NoReturn:
     """Exit code 0 once the engine has stopped and its last message is sent, without the interpreter's teardown: after
     an orderly stop the process sometimes aborted there ("terminate called without an active exception", exit code -6,
     in full test runs under load: a native library's thread still alive when C++ destructors ran). Nothing is left to
-    it: the engine's stop killed its grammar compile processes, and the forkserver and resource tracker end when this
-    process's end of their pipes closes."""
+    it: the engine thread's end kills its grammar compile processes (one still running past STOP_TIMEOUT_S ends at its
+    pipe's EOF, after its compile), and the forkserver and resource tracker end when this process's ends of their
+    pipes close."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
