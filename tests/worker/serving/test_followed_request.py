@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from tasks.messages.generation import FinishReason, StreamEvent
+from tasks.messages.generation import FinishReason, StreamEvent, TokenLogprob
 from tests.worker.serving.test_output_processor import CancelRecorder, followed_request
 from worker.engine.interface import EngineOutput
 from worker.serving.followed_request import FollowedRequest
@@ -100,3 +100,39 @@ def test_outputs_that_carry_more_than_tokens_are_applied_one_at_a_time(tokenizer
     followed.apply(outputs, tokenizer, CancelRecorder())  # type: ignore[arg-type]
     assert next(iter(followed.choices.values())).applied == 2
     assert followed.error is not None
+
+
+def test_each_run_of_one_choices_token_only_outputs_is_applied_as_one(tokenizer: PreTrainedTokenizerFast) -> None:
+    """Runs end where another choice's output, an output that carries more than tokens, or a final output comes."""
+    together, one_at_a_time = counted(followed_request(tokenizer, n=2)), followed_request(tokenizer, n=2)
+    ids = tokenizer.encode(" the small dog runs to the big red barn", add_special_tokens=False)
+
+    def outputs(followed: FollowedRequest) -> list[EngineOutput]:
+        first, second = followed.choices
+        return [
+            EngineOutput(first, ids[0:1], num_cached_tokens=2),
+            EngineOutput(first, ids[1:2], num_proposed_tokens=1),  # joined with the one before
+            EngineOutput(second, ids[2:3]),
+            EngineOutput(second, ids[3:4], logprobs=(TokenLogprob(ids[3], -0.5),)),  # alone: it carries more
+            EngineOutput(first, ids[4:5], num_accepted_tokens=1),
+            EngineOutput(first, ids[5:6], FinishReason.LENGTH),  # joined: it ends the run
+        ]
+
+    events = together.apply(outputs(together), tokenizer, CancelRecorder())  # type: ignore[arg-type]
+    expected = [
+        event
+        for output in outputs(one_at_a_time)
+        for event in one_at_a_time.apply([output], tokenizer, CancelRecorder())  # type: ignore[arg-type]
+    ]
+    assert [choice.applied for choice in together.choices.values()] == [2, 2]
+
+    def by_choice(made: list[StreamEvent]) -> list[tuple[str, list[int]]]:
+        of = [[event for event in made if event.index == index] for index in (0, 1)]
+        return [
+            ("".join(event.text for event in events), [t for event in events for t in event.token_ids]) for events in of
+        ]
+
+    assert by_choice(events) == by_choice(expected)
+    for mine, theirs in zip(together.choices.values(), one_at_a_time.choices.values(), strict=True):
+        counts = ("num_tokens", "num_cached_tokens", "num_proposed_tokens", "num_accepted_tokens", "finish_reason")
+        assert [getattr(mine, name) for name in counts] == [getattr(theirs, name) for name in counts]
