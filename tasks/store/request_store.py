@@ -113,8 +113,10 @@ def store_result_row(session: Session, row: ResultRecord, status: RequestStatus)
     if session.get(ResultRecord, row.request_id) is not None:
         return False
     session.add(row)
-    session.execute(update(RequestRecord).where(RequestRecord.id == row.request_id).values(status=status.value))
     try:
+        # the UPDATE flushes the INSERT first: a result another writer committed since the check fails here or at
+        # the commit (a stream's relay, a reaper and a redelivered task may all find its worker gone at once)
+        session.execute(update(RequestRecord).where(RequestRecord.id == row.request_id).values(status=status.value))
         session.commit()
     except IntegrityError:
         session.rollback()  # another writer recorded it first; theirs stands

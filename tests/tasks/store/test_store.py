@@ -60,6 +60,33 @@ def test_request_lifecycle(session: Session) -> None:
     assert record.body["messages"][0]["content"] == "hé" and record.worker == "w1"
 
 
+def test_a_result_another_writer_stores_after_the_check_stands(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers may both find a request unfinished (a stream's relay and the restarted worker's reaper or redelivered
+    task, each seeing the dead worker's lease lapse): the one that writes second gets False, not the database's error,
+    and the first one's result stands."""
+    create_request(session, new_record("chatcmpl-r"))
+    assert claim_request(session, "chatcmpl-r", "w1") == RequestStatus.QUEUED
+    factory = make_session_factory(session.get_bind())
+    checked = session.get
+
+    def check_then_another_writer_records(entity: type, ident: str) -> object:
+        found = checked(entity, ident)
+        with factory() as other:
+            assert record_result(other, ident, text="first", completion_tokens=1, finish_reason=FinishReason.STOP)
+        return found
+
+    monkeypatch.setattr(session, "get", check_then_another_writer_records)
+    lost = ErrorInfo("The worker stopped.", "server_error")
+    assert not record_result(session, "chatcmpl-r", text="", completion_tokens=0, finish_reason=None, error=lost)
+    monkeypatch.undo()
+    session.expire_all()
+    record = get_request(session, "chatcmpl-r")
+    assert record is not None and record.status == "completed"
+    assert record.result is not None and (record.result.text, record.result.error) == ("first", None)
+
+
 def test_abort_and_error_map_to_statuses(session: Session) -> None:
     create_request(session, new_record("chatcmpl-b"))
     create_request(session, new_record("chatcmpl-c"))

@@ -16,7 +16,7 @@ import pytest
 from transformers import PreTrainedModel
 
 from tasks.config import Config
-from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_together
+from tests.worker.engine_harness import greedy, hf_greedy, load_runner, serve, submit_at_once
 from tests.worker.family_configs import LLAMA_SHAPED_FAMILIES, MOE_FAMILIES, OTHER_LAYOUT_FAMILIES
 from worker.engine.continuous_engine import ContinuousEngine
 from worker.engine.interface import EngineRequest
@@ -58,10 +58,10 @@ def family_config(folder: Path, backend: str, device: str = "cpu", dtype: str = 
 
 def engine_outputs(engine: ContinuousEngine) -> tuple[list[list[int]], list[int]]:
     """Each prompt's greedy tokens and cached prompt tokens: the first prompt alone (so that its prefix is cached),
-    the rest together; every request self-drafts, so that verify chunks run too."""
+    the rest admitted in one step; every request self-drafts, so that verify chunks run too."""
     sampling = dataclasses.replace(greedy(MAX_TOKENS), speculative_method="self")
     requests = [EngineRequest(f"req-{i}", prompt, sampling) for i, prompt in enumerate(PROMPTS)]
-    collectors = submit_together(engine, requests[:1]) + submit_together(engine, requests[1:])
+    collectors = submit_at_once(engine, requests[:1]) + submit_at_once(engine, requests[1:])
     tokens = [collector.token_ids for collector in collectors]
     return tokens, [collector.outputs[-1].num_cached_tokens for collector in collectors]
 
