@@ -119,8 +119,10 @@ def store_result_row(session: Session, row: ResultRecord, status: RequestStatus)
         session.execute(update(RequestRecord).where(RequestRecord.id == row.request_id).values(status=status.value))
         session.commit()
     except IntegrityError:
-        session.rollback()  # another writer recorded it first; theirs stands
-        return False
+        session.rollback()
+        if session.get(ResultRecord, row.request_id) is None:
+            raise  # not a result another writer stored first: no request row (its foreign key), or a bad value
+        return False  # another writer recorded it first; theirs stands
     return True
 
 
