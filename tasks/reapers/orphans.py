@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import redis
+from sqlalchemy.exc import SQLAlchemyError
 
 from tasks.config import Config
 from tasks.messages.generation import ErrorInfo
@@ -36,10 +37,15 @@ def fail_if_orphaned(sessions: SessionFactory, client: redis.Redis, config: Conf
 
 def settle_quiet_request(sessions: SessionFactory, client: redis.Redis, config: Config, request_id: str) -> None:
     """What a reader does when a request's stream goes quiet: a request finished in SQL gets the final event its
-    stream lacks (a Redis crash took the worker's XADD), and one whose worker died fails."""
-    with sessions() as session:
-        record = get_request(session, request_id)
-        if record is not None and record.is_finished:
-            end_stream_if_finished(session, client, config, request_id)
-            return
-    fail_if_orphaned(sessions, client, config, request_id)
+    stream lacks (a Redis crash took the worker's XADD), and one whose worker died fails. A database error is logged
+    and the check left to the next quiet spell: a check must not end the stream it watches (a Redis error still
+    does, as the reader's own reads would)."""
+    try:
+        with sessions() as session:
+            record = get_request(session, request_id)
+            if record is not None and record.is_finished:
+                end_stream_if_finished(session, client, config, request_id)
+                return
+        fail_if_orphaned(sessions, client, config, request_id)
+    except SQLAlchemyError as exc:
+        logger.warning("could not check the quiet request %s in the database: %s", request_id, exc)

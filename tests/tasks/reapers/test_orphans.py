@@ -7,11 +7,12 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import redis
 
 from tasks.config import Config
 from tasks.messages.generation import EventType, StreamEvent
-from tasks.reapers.orphans import fail_if_orphaned
+from tasks.reapers.orphans import fail_if_orphaned, settle_quiet_request
 from tasks.store.db import make_db_engine, make_session_factory, upgrade_to_head
 from tasks.store.models import RequestRecord, RequestStatus
 from tasks.store.request_store import claim_request, create_request, get_request
@@ -48,3 +49,15 @@ def test_only_requests_of_dead_workers_fail_and_only_once(redis_url: str, tmp_pa
     assert is_cancel_requested(client, config, "running")
     for key in client.scan_iter(f"{config.redis_prefix}*"):
         client.delete(key)
+
+
+def test_a_quiet_streams_check_outlives_a_database_error(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The relay of a quiet stream checks its request in SQL; a database that fails the check must not end the
+    stream (the relay calls this between frames: an exception would end its response mid-stream)."""
+    config = Config(redis_url=redis_url, redis_prefix=f"test-{uuid.uuid4().hex[:8]}:")
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    unreachable = make_session_factory(make_db_engine(f"sqlite:///{tmp_path / 'no-such-folder' / 'db.sqlite'}"))
+    settle_quiet_request(unreachable, client, config, "running")
+    assert "could not check the quiet request running" in caplog.text
