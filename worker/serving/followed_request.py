@@ -72,7 +72,6 @@ class FollowedRequest:
         streams)."""
         joined: list[EngineOutput] = []
         run: list[EngineOutput] = []  # one choice's token-only outputs, the last of them not yet its final one
-        takes_joined: dict[str, bool] = {}  # by choice, asked once a pass: no output has been applied yet
         for output in outputs:
             if run and (
                 output.request_id != run[-1].request_id
@@ -81,18 +80,13 @@ class FollowedRequest:
             ):
                 joined.append(_join(run))
                 run = []
-            if run or (_carries_only_tokens(output) and self._takes_joined(output.request_id, takes_joined)):
+            if run or (_carries_only_tokens(output) and self.choices[output.request_id].takes_joined_outputs):
                 run.append(output)
             else:
                 joined.append(output)
         if run:
             joined.append(_join(run))
         return joined
-
-    def _takes_joined(self, request_id: str, asked: dict[str, bool]) -> bool:
-        if request_id not in asked:
-            asked[request_id] = self.choices[request_id].takes_joined_outputs
-        return asked[request_id]
 
     @property
     def has_ended(self) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -23,8 +23,8 @@ from tests.service.http import auth
 from tests.service.sse import data_frames, read_frames
 
 NUM_LINES = 24
-# tokens of each of the last two thirds of the lines: at 400 an idle AVX-512 host ran the whole batch in about 1.3 s
-# and the poll below missed the moment it waits for
+# tokens of each of the last two thirds of the lines: at 400, on an idle AVX-512 host, the six chunks all started
+# within 0.8 s and the poll below missed the moment it waits for
 LONG_LINE = 600
 
 
@@ -61,26 +61,12 @@ def _mortal_stack(
     stack.stop()
 
 
-@contextmanager
-def ledger_reads(stack: Stack) -> Iterator[Callable[[str], list[BatchLine]]]:
-    """Reads of a batch's ledger on one database engine: a poll that built its own engine and connection each time
-    spent most of its interval on them."""
-    engine = make_db_engine(stack.config.database_url)
-    sessions = make_session_factory(engine)
-
-    def read(batch_id: str) -> list[BatchLine]:
-        with sessions() as session:
-            return list(session.scalars(select(BatchLine).where(BatchLine.batch_id == batch_id)))
-
-    try:
-        yield read
-    finally:
-        engine.dispose()
-
-
 def ledger(stack: Stack, batch_id: str) -> list[BatchLine]:
-    with ledger_reads(stack) as read:
-        return read(batch_id)
+    engine = make_db_engine(stack.config.database_url)
+    with make_session_factory(engine)() as session:
+        rows = list(session.scalars(select(BatchLine).where(BatchLine.batch_id == batch_id)))
+    engine.dispose()
+    return rows
 
 
 def test_a_sigkilled_worker_loses_no_line_and_repeats_no_finished_one(mortal_stack: Stack) -> None:
@@ -144,15 +130,14 @@ def _wait_until_mid_batch_and_mid_line(stack: Stack, batch_id: str) -> None:
     different moments of the batch; a running short line may be at its last token, and the long ones not yet
     started)."""
     deadline = time.monotonic() + 90
-    with ledger_reads(stack) as read:
-        while True:
-            rows = read(batch_id)
-            statuses = [row.status for row in rows]
-            finished = sum(status == LineStatus.COMPLETED.value for status in statuses)
-            is_long_running = any(
-                row.status == LineStatus.RUNNING.value and _line_length(row.line_no - 1) == LONG_LINE for row in rows
-            )
-            if finished >= 6 and is_long_running:
-                return
-            assert time.monotonic() < deadline, f"no moment with 6 finished lines and a running one: {statuses}"
-            time.sleep(0.02)
+    while True:
+        rows = ledger(stack, batch_id)
+        statuses = [row.status for row in rows]
+        finished = sum(status == LineStatus.COMPLETED.value for status in statuses)
+        is_long_running = any(
+            row.status == LineStatus.RUNNING.value and _line_length(row.line_no - 1) == LONG_LINE for row in rows
+        )
+        if finished >= 6 and is_long_running:
+            return
+        assert time.monotonic() < deadline, f"no moment with 6 finished lines and a running one: {statuses}"
+        time.sleep(0.02)
