@@ -8,11 +8,14 @@ steps, so a request joins the batch at the next step and a cancelled one frees i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -48,8 +51,16 @@ class ContinuousEngine:
     """Implements `worker.engine.interface.Engine`; `submit`, `cancel`, `set_worker_monitor` and `stop` may be called
     from any thread, everything else runs on the engine thread."""
 
-    def __init__(self, runner: ModelRunner, config: Config) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        config: Config,
+        step_scope: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
+        """Each step runs inside `step_scope()` on the engine thread: the engine process sends a step's outputs as the
+        step leaves it."""
         self._runner = runner
+        self._step_scope = step_scope
         self._config = config
         self._scheduler = Scheduler(scheduler_config(config, runner))
         self._speculator = Speculator(speculation_config(config), runner.max_model_len, load_proposers(config, runner))
@@ -161,17 +172,18 @@ class ContinuousEngine:
 
     def step(self) -> None:
         """One engine step: schedule, run the forward pass and pick tokens, then append, stop and stream them."""
-        batch = self._schedule()
-        try:
-            self._speculator.fill_proposals(batch)
-            started = time.perf_counter()
-            picked = self._run_batch(batch)
-            self._postprocess(batch, picked)
-            self._speculator.record_step(batch, time.perf_counter() - started)
-        except Exception as exc:
-            logger.exception("an engine step over %d requests failed", len(batch.chunks))
-            for chunk in batch.chunks:  # finished in this step or not, each still owes its caller an output
-                self._fail(chunk.request.request_id, f"the engine step failed: {exc}")
+        with self._step_scope():
+            batch = self._schedule()
+            try:
+                self._speculator.fill_proposals(batch)
+                started = time.perf_counter()
+                picked = self._run_batch(batch)
+                self._postprocess(batch, picked)
+                self._speculator.record_step(batch, time.perf_counter() - started)
+            except Exception as exc:
+                logger.exception("an engine step over %d requests failed", len(batch.chunks))
+                for chunk in batch.chunks:  # finished in this step or not, each still owes its caller an output
+                    self._fail(chunk.request.request_id, f"the engine step failed: {exc}")
 
     def _schedule(self) -> Batch:
         self._speculator.propose(self._scheduler.running, self._speculation_allowance)

@@ -8,82 +8,24 @@ import logging
 import os
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from tasks.config import Config
 from tasks.logs import configure_logging
 from tasks.streams.redis_keys import connect_redis
 from worker.engine.continuous_engine import ContinuousEngine
-from worker.engine.embedding.jobs import EmbeddingRequest, EmbeddingResult
-from worker.engine.interface import EngineOutput, EngineRequest
+from worker.engine.embedding.jobs import EmbeddingRequest
+from worker.engine.interface import EngineRequest
 from worker.engine.model_facts import ModelFacts
 from worker.engine.model_runner import ModelRunner
 from worker.engine_process import wire
+from worker.engine_process.step_sender import StepSender
 from worker.serving.steering_sync import SteeringSync
 
 logger = logging.getLogger(__name__)
-HEARTBEAT_S = 1.0  # load and stats go up at least this often, so an idle worker's published load stays current
-LOAD_INTERVAL_S = 0.2  # and at most this often with outputs: what reads them (the lease, /metrics) reads every second
 STOP_TIMEOUT_S = 60.0
-
-
-class StepSender:
-    """Gathers the engine's callbacks (on the engine thread) and sends them up in one message per batch, from a thread
-    of its own, with the engine's load and stats as of the send."""
-
-    def __init__(self, engine: ContinuousEngine, connection: Connection) -> None:
-        self._engine = engine
-        self._connection = connection
-        self._ready = threading.Condition()
-        self._outputs: list[EngineOutput] = []
-        self._embeddings: list[EmbeddingResult] = []
-        self._is_stopping = False
-        self._load_sent_at = 0.0  # monotonic seconds
-        self._thread = threading.Thread(target=self._send_forever, name="engine-step-sender", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def on_output(self, output: EngineOutput) -> None:
-        with self._ready:
-            self._outputs.append(output)  # encoded on the sender's thread, not in the engine's step
-            self._ready.notify()
-
-    def on_embedding(self, result: EmbeddingResult) -> None:
-        with self._ready:
-            self._embeddings.append(result)
-            self._ready.notify()
-
-    def stop(self) -> None:
-        """Returns once everything called back so far has been sent."""
-        with self._ready:
-            self._is_stopping = True
-            self._ready.notify()
-        self._thread.join()
-
-    def _send_forever(self) -> None:
-        while True:
-            with self._ready:
-                self._ready.wait_for(lambda: self._outputs or self._embeddings or self._is_stopping, HEARTBEAT_S)
-                outputs, embeddings, is_last = self._outputs, self._embeddings, self._is_stopping
-                self._outputs, self._embeddings = [], []
-            fields: dict[str, Any] = {
-                "outputs": [output.to_dict() for output in outputs],
-                "embeddings": [result.to_dict() for result in embeddings],
-            }
-            now = time.monotonic()
-            if now - self._load_sent_at >= LOAD_INTERVAL_S or is_last or not (outputs or embeddings):
-                fields.update(load=self._engine.load().to_dict(), stats=self._engine.stats.to_dict())
-                self._load_sent_at = now
-            try:
-                wire.send(self._connection, wire.STEP, **fields)
-            except OSError:  # the worker is gone: the reader sees its pipe close and stops the engine
-                return
-            if is_last:
-                return
 
 
 def serve_engine(environ: dict[str, str], worker: str, requests: Connection, steps: Connection) -> None:
@@ -92,7 +34,8 @@ def serve_engine(environ: dict[str, str], worker: str, requests: Connection, ste
     configure_logging(config)
     try:
         runner = ModelRunner(config)
-        engine = ContinuousEngine(runner, config)
+        sender = StepSender(steps)  # every message up `steps` after READY goes through it
+        engine = ContinuousEngine(runner, config, step_scope=sender.step_scope)
         engine.start()
         steering = SteeringSync(connect_redis(config), config, worker, engine, runner.saes)
         steering.start()
@@ -102,8 +45,7 @@ def serve_engine(environ: dict[str, str], worker: str, requests: Connection, ste
         return
     facts = ModelFacts.of(runner, engine)
     wire.send(steps, wire.READY, facts=facts.to_dict())
-    sender = StepSender(engine, steps)  # from here on the sender's thread is the only writer of `steps`
-    sender.start()
+    sender.start(engine)
     try:
         take_requests(engine, sender, requests, config.worker_threads)
     finally:
