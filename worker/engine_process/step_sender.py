@@ -11,6 +11,8 @@ sender's thread."""
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +25,12 @@ from worker.engine.embedding.jobs import EmbeddingResult
 from worker.engine.interface import EngineOutput
 from worker.engine_process import wire
 
+logger = logging.getLogger(__name__)
+# The pipe's buffer, raised from Linux's 64 KiB: a step's send blocks the engine thread once the worker's receiver is
+# that far behind, and 64 KiB was about 16 steps of 64 streams, which a worker busy starting a burst's tasks fell behind
+# by (the engine thread asleep in the pipe's write for 200 ms of a 1.2 s round). 1 MiB, Linux's default most an
+# unprivileged process may set, is some 250 such steps; past that the engine waiting is the backpressure it should be.
+PIPE_BUFFER_BYTES = 1 << 20
 HEARTBEAT_S = 1.0  # load and stats go up at least this often, so an idle worker's published load stays current
 LOAD_INTERVAL_S = 0.2  # and at most this often with outputs: what reads them (the lease, /metrics) reads every second
 
@@ -32,6 +40,7 @@ class StepSender:
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
+        widen_pipe(connection)
         self._engine: ContinuousEngine | None = None  # set by `start`: the load and stats it sends are its
         self._ready = threading.Condition()
         self._outputs: list[EngineOutput] = []
@@ -109,3 +118,11 @@ class StepSender:
             except OSError:
                 return False
             return True
+
+
+def widen_pipe(connection: Connection) -> None:
+    """`PIPE_BUFFER_BYTES` of buffer in the pipe under `connection`, or as much as this system allows (logged)."""
+    try:
+        fcntl.fcntl(connection.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BUFFER_BYTES)
+    except OSError as exc:  # a lower pipe-max-size, or the user's pipe pages spent: the default buffer still works
+        logger.warning("the engine's output pipe keeps its default buffer: %s", exc)
