@@ -2,12 +2,11 @@
 load and stats as of the send.
 
 A step's outputs go up from the engine thread itself, as the step ends (`step_scope`), in one message. They used to be
-handed to a sender thread, woken by the step's first output: that thread then took the GIL from the engine thread
-in the middle of its step (the GIL changes hands at every torch call), and the engine thread, waiting for it back,
-was switched out some 400 times in a 32-stream round of 128 tokens instead of some 20 in process; sent as the step
-ends, about 200 (docs/perf-notes.md, Round 9). Outputs that arrive outside a step (a cancel applied between steps,
-a submission refused on the reader's thread, an embedding) and the idle heartbeat of the load still go up from the
-sender's thread."""
+handed to a sender thread, woken by the step's first output: that thread then took the GIL in the middle of the
+engine's next step (the GIL changes hands at every torch call), and the engine thread slept until it had it back,
+106 to 161 times in a 32-stream round of 128 tokens; sent as the step ends, 5 to 28 (docs/perf-notes.md, Round 9).
+Outputs that arrive outside a step (a cancel applied between steps, a submission refused on the reader's thread, an
+embedding) and the idle heartbeat of the load still go up from the sender's thread."""
 
 from __future__ import annotations
 
