@@ -8,14 +8,13 @@ steps, so a request joins the batch at the next step and a cancelled one frees i
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -55,7 +54,7 @@ class ContinuousEngine:
         self,
         runner: ModelRunner,
         config: Config,
-        step_scope: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+        step_scope: Callable[[], AbstractContextManager[object]] = nullcontext,
     ) -> None:
         """Each step runs inside `step_scope()` on the engine thread: the engine process sends a step's outputs as the
         step leaves it."""
