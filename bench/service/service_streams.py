@@ -12,8 +12,9 @@ bench.engine_throughput's (iv) feeds it), then as streamed `/v1/completions` thr
 model folder with the same torch threads (the peer, `bench/service/hf_serve_peer.py`; skipped with one line where it is
 not installed, or with --no-peer), engine, service and peer rounds alternating. Greedy, EOS ignored, so every request
 yields exactly its output length; tokens are counted from usage and token ids, not text, so a random-init model
-(--random-config 135m) runs too. Prints per-round output tokens/s, TTFT p50, the client's own CPU time, service /
-engine and service / peer per round.
+(--random-config 135m) runs too. Prints per-round output tokens/s, TTFT p50, the client's own CPU time, each service
+process's CPU per output token (the worker's engine process apart from it), the engine thread's time on a CPU and
+waiting for one on both sides (from /proc's schedstat), service / engine and service / peer per round.
 
 With --concurrency-levels the service is measured under load instead, with no in-process baseline: one stack with
 the environment's settings (MAX_NUM_SEQS, WORKER_CONCURRENCY, API_CONNECTIONS), and for each level, rounds of that many
@@ -43,7 +44,13 @@ from bench.metrics import percentile, summarize
 from bench.random_model import SIZES, random_model_dir
 from bench.service import hf_serve_peer
 from bench.service.batch_stack import bench_config, random_prompts, running_stack
-from bench.service.process_cpu import stack_cpu_seconds
+from bench.service.process_cpu import (
+    ThreadTimes,
+    busiest_thread,
+    engine_process_pid,
+    stack_cpu_seconds,
+    thread_times,
+)
 from bench.service.sse_client import RoundTiming, StreamClient
 from bench.workload import BenchRequest, WorkloadSpec
 from scripts.stack import Stack
@@ -99,13 +106,15 @@ class Measured:
     client_cpu_s: float  # the measuring client's own CPU time over the round (0 for the engine fed in process)
     # the service's processes' CPU milliseconds per output token over the round, by process (none for the engine)
     cpu_ms_per_token: dict[str, float] = field(default_factory=dict)
+    # the engine thread's time on a CPU and waiting for one over the round (None where /proc keeps no schedstat)
+    engine_thread: ThreadTimes | None = None
 
     @classmethod
-    def of(cls, timing: RoundTiming, cpu_s: dict[str, float]) -> Measured:
+    def of(cls, timing: RoundTiming, cpu_s: dict[str, float], engine_thread: ThreadTimes | None = None) -> Measured:
         ttft_p50_ms = percentile([stream.ttft_s for stream in timing.streams], 50) * 1e3
         num_tokens = sum(stream.num_tokens for stream in timing.streams)
         per_token = {name: seconds * 1e3 / num_tokens for name, seconds in cpu_s.items()}
-        return cls(timing.tokens_per_s, ttft_p50_ms, timing.client_cpu_s, per_token)
+        return cls(timing.tokens_per_s, ttft_p50_ms, timing.client_cpu_s, per_token, engine_thread)
 
 
 @dataclass(frozen=True)
@@ -133,18 +142,23 @@ def interleaved_rounds(
     engine = SteerbatchEngine(ModelRunner(config), config)
     client = StreamClient(stack.base_url, stack.api_key, config.model_name)
     engine_results, service_results, peer_results = [], [], []
+    worker = next(process for process in stack.processes if process.name == "worker")
+    service_engine_pid = engine_process_pid(worker.popen.pid) or worker.popen.pid  # ENGINE_PROCESS=0: the worker's
     try:
         engine.run("warm-up", requests[:2])
         client.run_round(requests[:1])
         if peer is not None:
             peer.run_round(requests[:1])
         for i in range(rounds):
+            threads_before = thread_times(os.getpid())
             summary = summarize(engine.run(f"round {i}", requests), None)
-            engine_results.append(Measured(summary.tokens_per_s, summary.ttft_p50_ms, 0.0))
-            cpu_before = stack_cpu_seconds(stack)
+            engine_thread = busiest_thread(threads_before, thread_times(os.getpid()))
+            engine_results.append(Measured(summary.tokens_per_s, summary.ttft_p50_ms, 0.0, {}, engine_thread))
+            cpu_before, threads_before = stack_cpu_seconds(stack), thread_times(service_engine_pid)
             timing = client.run_round(requests)
+            engine_thread = busiest_thread(threads_before, thread_times(service_engine_pid))
             cpu_s = {name: seconds - cpu_before[name] for name, seconds in stack_cpu_seconds(stack).items()}
-            service_results.append(Measured.of(timing, cpu_s))
+            service_results.append(Measured.of(timing, cpu_s, engine_thread))
             if peer is not None:
                 peer_results.append(Measured.of(peer.run_round(requests), {}))
             logger.info(
@@ -200,6 +214,9 @@ def table(engine: list[Measured], service: list[Measured], peer: list[Measured])
         costs = ", ".join(f"{r.cpu_ms_per_token[name]:.3f}" for r in service)
         median_cost = statistics.median(r.cpu_ms_per_token[name] for r in service)
         lines.append(f"| {name} CPU ms per output token | {costs} | {median_cost:.3f} | | | |")
+    for where, rounds in [("in process", engine), ("in the service", service)]:
+        if all(r.engine_thread is not None for r in rounds):
+            lines.append(engine_thread_row(where, [r.engine_thread for r in rounds if r.engine_thread is not None]))
     ratios = [s.tokens_per_s / e.tokens_per_s for e, s in zip(engine, service, strict=True)]
     gaps = [s.ttft_p50_ms - e.ttft_p50_ms for e, s in zip(engine, service, strict=True)]
     lines.append(
@@ -213,6 +230,16 @@ def table(engine: list[Measured], service: list[Measured], peer: list[Measured])
 
 
 PEER_LABEL = "HF transformers serve (peer)"
+
+
+def engine_thread_row(where: str, rounds: list[ThreadTimes]) -> str:
+    """The engine thread's milliseconds on a CPU / waiting for one, per round: in process the bench runs nothing beside
+    it; through the service the wait is the time the processes around it (and anything else on the machine) held the
+    cores it could have run on."""
+    times = ", ".join(f"{r.run_s * 1e3:.0f}/{r.wait_s * 1e3:.0f}" for r in rounds)
+    run_ms = statistics.median(r.run_s for r in rounds) * 1e3
+    wait_ms = statistics.median(r.wait_s for r in rounds) * 1e3
+    return f"| the engine thread {where}: ms on a CPU / waiting for one | {times} | {run_ms:.0f}/{wait_ms:.0f} | | | |"
 
 
 def peer_ratios(service: list[Measured], peer: list[Measured]) -> str:

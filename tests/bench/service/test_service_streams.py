@@ -21,6 +21,13 @@ def test_a_small_run_measures_the_engine_and_the_service(tiny_model_dir: Path, c
         rate, median_rate, ttft, median_ttft, _ = (cell.strip() for cell in rows[label])
         assert float(rate) == float(median_rate) > 0 and float(ttft) == float(median_ttft) > 0
     assert float(rows["through the service"][4]) > 0, "the client's own CPU time"
+    assert float(rows["engine process CPU ms per output token"][1]) > 0, "the engine process apart from the worker"
+    if Path("/proc/self/schedstat").exists():
+        for where in ("in process", "in the service"):
+            run_ms, wait_ms = (
+                float(ms) for ms in rows[f"the engine thread {where}: ms on a CPU / waiting for one"][1].split("/")
+            )
+            assert run_ms > 0 and wait_ms >= 0
     assert "service / engine output tok/s, per round:" in out
     assert "peer (HF transformers serve): skipped, left out (--no-peer)" in out, "one line says the peer is left out"
 
