@@ -95,7 +95,19 @@ def check_steps(device: str, out_dir: Path, scratch: Path, model_dir: Path) -> l
         Step("f", "the service against the engine in process: bench/service/service_streams.py",
              (python, "-m", "bench.service.service_streams", "--out", str(out_dir / "streams.md"), *service_bench), 300,
              env={"DEVICE": device}, report_path=out_dir / "streams.md"),
+        *([lone_stream_step(out_dir, model_dir)] if on_cuda else []),
     ]  # fmt: skip
+
+
+def lone_stream_step(out_dir: Path, model_dir: Path) -> Step:
+    """One stream at a time through the service and in process: how far the service's first token comes after the
+    engine's where the engine's own is a few milliseconds (on a CPU the bench's tests run this path)."""
+    command = (
+        sys.executable, "-m", "bench.service.service_streams", "--out", str(out_dir / "streams-1.md"),
+        "--num-requests", "1", "--rounds", "8", "--output-len", "128", "--model", str(model_dir),
+    )  # fmt: skip
+    return Step("f", "a lone stream through the service against the engine in process", command, 180,
+                env={"DEVICE": "cuda"}, report_path=out_dir / "streams-1.md")  # fmt: skip
 
 
 def junit_failures(path: Path) -> list[dict[str, str]]:
