@@ -11,7 +11,7 @@ from pathlib import Path
 from scripts.stack import Stack
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-ENGINE_PROCESS = "engine process"
+ENGINE_PROCESS_NAME = "engine process"
 # what `multiprocessing`'s spawn start method runs: the worker's engine process (`ENGINE_PROCESS=1`) is started so
 SPAWNED_MARK = b"spawn_main"
 
@@ -36,7 +36,7 @@ def stack_cpu_seconds(stack: Stack) -> dict[str, float]:
         skip = set() if engine_pid is None else {engine_pid}
         seconds[process.name] = _tree_cpu_seconds(process.popen.pid, skip)
         if engine_pid is not None:
-            seconds[ENGINE_PROCESS] = _tree_cpu_seconds(engine_pid, set())
+            seconds[ENGINE_PROCESS_NAME] = _tree_cpu_seconds(engine_pid, set())
     return seconds
 
 

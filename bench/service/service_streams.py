@@ -215,8 +215,9 @@ def table(engine: list[Measured], service: list[Measured], peer: list[Measured])
         median_cost = statistics.median(r.cpu_ms_per_token[name] for r in service)
         lines.append(f"| {name} CPU ms per output token | {costs} | {median_cost:.3f} | | | |")
     for where, rounds in [("in process", engine), ("in the service", service)]:
-        if all(r.engine_thread is not None for r in rounds):
-            lines.append(engine_thread_row(where, [r.engine_thread for r in rounds if r.engine_thread is not None]))
+        threads = [r.engine_thread for r in rounds if r.engine_thread is not None]
+        if len(threads) == len(rounds):  # no row where /proc keeps no schedstat
+            lines.append(engine_thread_row(where, threads))
     ratios = [s.tokens_per_s / e.tokens_per_s for e, s in zip(engine, service, strict=True)]
     gaps = [s.ttft_p50_ms - e.ttft_p50_ms for e, s in zip(engine, service, strict=True)]
     lines.append(

@@ -80,6 +80,7 @@ def check_steps(device: str, out_dir: Path, scratch: Path, model_dir: Path) -> l
     service_bench = ["--num-requests", "64", "--rounds", "2"] if on_cuda else ["--num-requests", "4", "--rounds", "1"]
     service_bench += [] if on_cuda else ["--no-peer"]
     service_bench += ["--output-len", "128" if on_cuda else "4", "--model", str(model_dir)]
+    lone_stream = ["--num-requests", "1", "--rounds", "8", "--output-len", "128", "--model", str(model_dir)]
     return [
         pytest_step("a", "gpu tests: kernels, attention backends, greedy == HF, one wait a step", KERNEL_TEST_FILES,
                     device, scratch, 300),
@@ -92,22 +93,18 @@ def check_steps(device: str, out_dir: Path, scratch: Path, model_dir: Path) -> l
              (python, "-m", ENGINE_BENCH_MODULE, "--device", device, *engine_bench,
               "--out", str(out_dir / "engine.md")),
              420, report_path=out_dir / "engine.md"),
-        Step("f", "the service against the engine in process: bench/service/service_streams.py",
-             (python, "-m", "bench.service.service_streams", "--out", str(out_dir / "streams.md"), *service_bench), 300,
-             env={"DEVICE": device}, report_path=out_dir / "streams.md"),
-        *([lone_stream_step(out_dir, model_dir)] if on_cuda else []),
+        service_streams_step("the service against the engine in process: bench/service/service_streams.py",
+                             out_dir / "streams.md", service_bench, device, 300),
+        # one stream at a time: how far the service's first token comes after the engine's, where the engine's own is
+        # a few milliseconds (on a CPU the bench's own tests run this path)
+        *([service_streams_step("a lone stream through the service against the engine in process",
+                                out_dir / "streams-1.md", lone_stream, device, 180)] if on_cuda else []),
     ]  # fmt: skip
 
 
-def lone_stream_step(out_dir: Path, model_dir: Path) -> Step:
-    """One stream at a time through the service and in process: how far the service's first token comes after the
-    engine's where the engine's own is a few milliseconds (on a CPU the bench's tests run this path)."""
-    command = (
-        sys.executable, "-m", "bench.service.service_streams", "--out", str(out_dir / "streams-1.md"),
-        "--num-requests", "1", "--rounds", "8", "--output-len", "128", "--model", str(model_dir),
-    )  # fmt: skip
-    return Step("f", "a lone stream through the service against the engine in process", command, 180,
-                env={"DEVICE": "cuda"}, report_path=out_dir / "streams-1.md")  # fmt: skip
+def service_streams_step(name: str, report: Path, args: list[str], device: str, timeout_s: float) -> Step:
+    command = (sys.executable, "-m", "bench.service.service_streams", "--out", str(report), *args)
+    return Step("f", name, command, timeout_s, env={"DEVICE": device}, report_path=report)
 
 
 def junit_failures(path: Path) -> list[dict[str, str]]:

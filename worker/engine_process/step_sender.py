@@ -77,7 +77,7 @@ class StepSender:
         finally:
             with self._ready:
                 self._in_step = False
-            self._send(is_last=False, is_heartbeat=False)
+            self._send(is_last=False, even_if_empty=False)
 
     def stop(self) -> None:
         """Returns once everything called back so far has been sent."""
@@ -91,17 +91,17 @@ class StepSender:
             with self._ready:
                 self._ready.wait_for(lambda: self._outputs or self._embeddings or self._is_stopping, HEARTBEAT_S)
                 is_last = self._is_stopping
-            if not self._send(is_last, is_heartbeat=True) or is_last:
+            if not self._send(is_last, even_if_empty=True) or is_last:
                 return
 
-    def _send(self, is_last: bool, is_heartbeat: bool) -> bool:
-        """Sends what is waiting; a heartbeat sends the load even with nothing waiting. False once the worker is gone
-        (its reader sees the pipe close and stops the engine)."""
+    def _send(self, is_last: bool, even_if_empty: bool) -> bool:
+        """Sends what is waiting; the sender's thread sends even with nothing waiting (its heartbeat carries the load).
+        False once the worker is gone (its reader sees the pipe close and stops the engine)."""
         with self._sending:
             with self._ready:
                 outputs, embeddings = self._outputs, self._embeddings
                 self._outputs, self._embeddings = [], []
-            if not (outputs or embeddings or is_heartbeat):
+            if not (outputs or embeddings or even_if_empty):
                 return True
             fields: dict[str, Any] = {
                 "outputs": [output.to_dict() for output in outputs],

